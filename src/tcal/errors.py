@@ -1,0 +1,8 @@
+"""User-facing errors: one line that names the problem and the fix."""
+
+
+class TcalError(Exception):
+    """Bad input or an unrecoverable condition the user can fix.
+
+    The CLI prints ``str(err)`` on one line and exits with status 2, never a traceback.
+    """

@@ -1,0 +1,198 @@
+"""The Gated DeltaNet layer that replaces a softmax-attention layer (DESIGN.md §2).
+
+Parameter names follow flash-linear-attention so weights move between the two:
+q_proj k_proj v_proj a_proj b_proj g_proj o_proj A_log dt_bias o_norm
+(+ q_conv1d k_conv1d v_conv1d with short convs, q_norm k_norm with q/k norm).
+
+The module is called exactly like the teacher's attention module (same keyword
+arguments, returns ``(output, None)``), so the teacher's own decoder layers drive it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tcal import compat
+from tcal.ops import gated_delta_rule
+
+
+@dataclass
+class GDNShape:
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    use_short_conv: bool = False
+    conv_size: int = 4
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    output_gate: bool = True
+    norm_eps: float = 1e-5
+    backend: str = "auto"
+    chunk_size: int = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # Same epsilon placement as fla's in-kernel l2norm.
+    return x * torch.rsqrt((x.float() * x.float()).sum(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm over the last (head) dimension, optionally gated by SiLU(gate)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        if gate is not None:
+            x = x * F.silu(gate.float())
+        return x.to(dtype)
+
+
+class ShortConvolution(nn.Conv1d):
+    """Causal depthwise conv over time. Input/output (B, T, C); state = last (W - 1) inputs (B, C, W - 1)."""
+
+    def __init__(self, channels: int, width: int):
+        super().__init__(channels, channels, width, groups=channels, bias=False, padding=0)
+
+    def forward(self, x: torch.Tensor, prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        W = self.kernel_size[0]
+        x = x.transpose(1, 2)  # (B, C, T)
+        if prefix is None:
+            prefix = x.new_zeros(x.shape[0], x.shape[1], W - 1)
+        full = torch.cat([prefix.to(x.dtype), x], dim=-1)
+        y = F.conv1d(full, self.weight, groups=self.groups)
+        return y.transpose(1, 2), full[..., -(W - 1) :]
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, shape: GDNShape, layer_idx: int):
+        super().__init__()
+        self.shape = shape
+        self.layer_idx = layer_idx
+        H, d, D = shape.num_heads, shape.head_dim, shape.hidden_size
+        self.num_heads, self.head_dim = H, d
+        self.q_proj = nn.Linear(D, H * d, bias=shape.qkv_bias)
+        self.k_proj = nn.Linear(D, H * d, bias=shape.qkv_bias)
+        self.v_proj = nn.Linear(D, H * d, bias=shape.qkv_bias)
+        self.a_proj = nn.Linear(D, H, bias=False)
+        self.b_proj = nn.Linear(D, H, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.zeros(H))
+        if shape.use_short_conv:
+            self.q_conv1d = ShortConvolution(H * d, shape.conv_size)
+            self.k_conv1d = ShortConvolution(H * d, shape.conv_size)
+            self.v_conv1d = ShortConvolution(H * d, shape.conv_size)
+        if shape.qk_norm:
+            self.q_norm = HeadRMSNorm(d, shape.norm_eps)
+            self.k_norm = HeadRMSNorm(d, shape.norm_eps)
+        if shape.output_gate:
+            self.g_proj = nn.Linear(D, H * d, bias=False)
+        self.o_norm = HeadRMSNorm(d, shape.norm_eps)
+        self.o_proj = nn.Linear(H * d, D, bias=shape.o_bias)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """fla's default initialisation (what `init="copy"` leaves on non-copied parameters)."""
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.a_proj, self.b_proj, self.o_proj,
+                    getattr(self, "g_proj", None)):
+            if lin is None:
+                continue
+            lin.weight.normal_(0.0, std, generator=generator)
+            if lin.bias is not None:
+                lin.bias.zero_()
+        H = self.num_heads
+        dev = self.A_log.device
+        self.A_log.copy_(torch.empty(H, device=dev).uniform_(1, 16, generator=generator).log())
+        dt = torch.empty(H, device=dev).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
+        dt = dt.clamp(min=1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        if self.shape.use_short_conv:
+            # Identity taps: with copied projections the conv starts as a no-op instead of
+            # mixing in random neighbours.
+            for conv in (self.q_conv1d, self.k_conv1d, self.v_conv1d):
+                conv.weight.zero_()
+                conv.weight[..., -1] = 1.0
+        self.o_norm.weight.fill_(1.0)
+        if self.shape.qk_norm:
+            self.q_norm.weight.fill_(1.0)
+            self.k_norm.weight.fill_(1.0)
+
+    # -- pieces reused by calibration (tcal.calibrate / tcal.align) --------------------------------
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, beta), each (B, T, H): log decay and write strength."""
+        beta = torch.sigmoid(self.b_proj(x).float())
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+        return g, beta
+
+    def qkv(
+        self, x: torch.Tensor, keep: torch.Tensor | None = None, conv_state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q, k (l2-normalised) and v, each (B, T, H, d), and the new conv state."""
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if keep is not None:  # padded positions read as zeros, exactly like an unpadded start
+            q, k, v = (t * keep[..., None].to(t.dtype) for t in (q, k, v))
+        new_conv_state = None
+        if self.shape.use_short_conv:
+            n = q.shape[-1]
+            prefix = [None] * 3 if conv_state is None else conv_state.split(n, dim=1)
+            (q, sq), (k, sk), (v, sv) = (
+                conv(t, p) for conv, t, p in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), (q, k, v), prefix)
+            )
+            new_conv_state = torch.cat([sq, sk, sv], dim=1)
+        q, k, v = (F.silu(t).view(B, T, self.num_heads, self.head_dim) for t in (q, k, v))
+        if self.shape.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return l2norm(q), l2norm(k), v, new_conv_state
+
+    def mix(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Per-head norm, output gate and W_o: (B, T, H, d) recurrent output -> (B, T, hidden)."""
+        B, T = o.shape[:2]
+        gate = self.g_proj(x).view(B, T, self.num_heads, self.head_dim) if self.shape.output_gate else None
+        return self.o_proj(self.o_norm(o, gate).reshape(B, T, -1))
+
+    def recurrent(self, x: torch.Tensor, keep: torch.Tensor | None = None, initial_state=None, conv_state=None,
+                  output_final_state: bool = False):
+        """Per-head recurrent output before norm/gate: (o (B, T, H, d), final state, conv state)."""
+        q, k, v, new_conv = self.qkv(x, keep, conv_state)
+        g, beta = self.gates(x)
+        if keep is not None:  # no decay and no write on padding: the state passes through untouched
+            g = g * keep[..., None]
+            beta = beta * keep[..., None]
+        o, state = gated_delta_rule(
+            q, k, v, g, beta, scale=self.head_dim**-0.5, initial_state=initial_state,
+            output_final_state=output_final_state, backend=self.shape.backend, chunk_size=self.shape.chunk_size,
+        )
+        return o, state, new_conv
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,  # (B, T, hidden): the teacher layer's normed input
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        cache = compat.cache_from_kwargs(kwargs)
+        T = hidden_states.shape[1]
+        padding = kwargs.get("tcal_padding_mask")  # (B, past + T) of 1/0, set by HybridForCausalLM
+        keep = None
+        if padding is not None and not bool(padding[:, -T:].all()):
+            keep = padding[:, -T:].to(torch.float32)
+        conv_state, state = compat.get_gdn_state(cache, self.layer_idx) if cache is not None else (None, None)
+        o, state, conv_state = self.recurrent(
+            hidden_states, keep, state, conv_state, output_final_state=cache is not None
+        )
+        if cache is not None:
+            compat.set_gdn_state(cache, self.layer_idx, conv_state, state)
+        return self.mix(hidden_states, o), None

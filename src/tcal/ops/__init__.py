@@ -1,0 +1,92 @@
+"""Gated delta rule implementations behind one function.
+
+    naive   fp32 token loop (reference, ops/naive.py)
+    chunk   chunked pure PyTorch (CPU default, ops/chunk.py)
+    fla     flash-linear-attention Triton kernels on CUDA: chunk for prefill / training,
+            fused_recurrent for decode (single-token steps)
+
+``backend="auto"`` takes fla on CUDA when it imports, else chunk (naive for one token,
+where the loop *is* the cheapest form).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from tcal.errors import TcalError
+from tcal.ops.chunk import chunk_gated_delta_rule_torch
+from tcal.ops.naive import naive_recurrent_gated_delta_rule
+
+BACKENDS = ("auto", "naive", "chunk", "fla")
+
+__all__ = [
+    "BACKENDS",
+    "chunk_gated_delta_rule_torch",
+    "fla_available",
+    "gated_delta_rule",
+    "naive_recurrent_gated_delta_rule",
+    "resolve_backend",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def _fla_ops():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception:  # ImportError, or triton failing to initialise on a machine without a GPU
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def fla_available() -> bool:
+    return torch.cuda.is_available() and _fla_ops() is not None
+
+
+def resolve_backend(backend: str, device: torch.device, seq_len: int) -> str:
+    backend = os.environ.get("TCAL_GDN_BACKEND", backend) if backend == "auto" else backend
+    if backend not in BACKENDS:
+        raise TcalError(f"unknown GDN backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "fla":
+        if device.type != "cuda":
+            raise TcalError("GDN backend 'fla' needs CUDA tensors; use backend 'chunk' on CPU")
+        if _fla_ops() is None:
+            raise TcalError("GDN backend 'fla' needs flash-linear-attention: pip install 'tcal[fla]'")
+        return "fla"
+    if backend == "auto":
+        if device.type == "cuda" and _fla_ops() is not None:
+            return "fla"
+        return "naive" if seq_len == 1 else "chunk"
+    return backend
+
+
+def gated_delta_rule(
+    q: torch.Tensor,  # (B, T, H, K), l2-normalised
+    k: torch.Tensor,  # (B, T, H, K), l2-normalised
+    v: torch.Tensor,  # (B, T, H, V)
+    g: torch.Tensor,  # (B, T, H) log decay
+    beta: torch.Tensor,  # (B, T, H)
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,  # (B, H, K, V), fp32
+    output_final_state: bool = False,
+    backend: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (o (B, T, H, V) in v's dtype, final state (B, H, K, V) fp32 or None)."""
+    kind = resolve_backend(backend, q.device, q.shape[1])
+    if kind == "naive":
+        return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state)
+    if kind == "chunk":
+        return chunk_gated_delta_rule_torch(
+            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size=chunk_size
+        )
+    chunk_fn, recurrent_fn = _fla_ops()
+    # fla wants q/k/v in one dtype and g/beta in fp32 or that dtype; the state stays fp32.
+    fn = recurrent_fn if (q.shape[1] == 1 and not torch.is_grad_enabled()) else chunk_fn
+    init = None if initial_state is None else initial_state.float()
+    o, state = fn(
+        q=q, k=k, v=v.to(q.dtype), g=g.float(), beta=beta.to(q.dtype), scale=scale,
+        initial_state=init, output_final_state=output_final_state,
+    )
+    return o.to(v.dtype), (state.float() if state is not None else None)
