@@ -62,3 +62,26 @@ def test_fla_own_naive_is_an_outside_oracle():
     o, s = naive_recurrent_gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True)
     o2, s2 = fla_naive(q, k, v, beta=b, g=g, initial_state=h0, output_final_state=True)
     assert rel(o, o2) < 1e-4 and rel(s, s2) < 1e-4
+
+
+def test_hybrid_on_cuda_fla_matches_chunk_and_decodes():
+    import tcal
+    from tcal import compat
+    from conftest import tiny_teacher
+
+    teacher = tiny_teacher("qwen2").cuda()
+    a = tcal.convert(teacher, keep=[0, 2], init="copy", backend="fla")
+    b = tcal.convert(teacher, keep=[0, 2], init="copy", backend="chunk")
+    x = torch.randint(0, 97, (2, 150), device="cuda")
+    with torch.no_grad():
+        la, lb = a(x).logits, b(x).logits
+        assert rel(la, lb) < 1e-3
+        out = a(x[:, :100], use_cache=True)
+        cache = getattr(out, compat.CACHE_KWARG)
+        steps = [out.logits]
+        for t in range(100, 150):
+            out = a(x[:, t:t + 1], use_cache=True, **{compat.CACHE_KWARG: cache})
+            steps.append(out.logits)
+        assert rel(torch.cat(steps, 1), la) < 1e-3
+        gen = a.generate(x[:1, :10], attention_mask=torch.ones_like(x[:1, :10]), max_new_tokens=20, do_sample=False)
+    assert gen.shape == (1, 30)

@@ -139,9 +139,11 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """transformers' save_pretrained (safetensors only), written atomically."""
-        kwargs.pop("safe_serialization", None)
+    def save_pretrained(self, save_directory, *args, atomic: bool = True, **kwargs):
+        """transformers' save_pretrained (safetensors only), written atomically unless the caller
+        already writes into a temporary directory of its own (``atomic=False``)."""
+        if not atomic:
+            return super().save_pretrained(save_directory, *args, **kwargs)
         with atomic_dir(save_directory) as tmp:
             super().save_pretrained(tmp, *args, **kwargs)
 

@@ -1,0 +1,175 @@
+"""`tcal` command line. Every subcommand maps its flags onto one typed config dataclass."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcal.config import add_dataclass_args, arg, from_args
+from tcal.errors import TcalError
+
+log = logging.getLogger("tcal")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TcalError(f"--device {device} asked for but CUDA is not available; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise TcalError(f"unknown --dtype {name!r}; choose float32 or bfloat16")
+    return table[name]
+
+
+def parse_keep(spec: str) -> list[int] | str:
+    """'0,4,8' -> [0, 4, 8]; anything else (a policy such as 'uniform:8') is passed through."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if parts and all(p.lstrip("-").isdigit() for p in parts):
+        return [int(p) for p in parts]
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# tcal convert
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConvertConfig:
+    teacher: str = arg("smollm2-135m", "teacher: built-in name, local HF directory, .gguf file or hub id")
+    keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28",
+                    "layers kept as softmax attention: a list like 0,4,8")
+    init: str = arg("copy", "initialisation of the GDN layers")
+    out: str = arg("runs/convert", "output directory (written atomically)")
+    calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only)")
+    eval: str = arg("wiki:eval", "held-out corpus for the report's perplexity; 'none' to skip")
+    eval_window: int = arg(512, "evaluation window length in tokens")
+    eval_windows: int = arg(64, "number of evaluation windows")
+    use_short_conv: bool = arg(False, "causal depthwise short conv (width 4) before q/k/v activations")
+    output_gate: bool = arg(True, "SiLU output gate (W_g) on the per-head RMSNorm")
+    device: str = arg("auto", "cpu, cuda, cuda:N or auto")
+    dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
+    seed: int = arg(0, "seed for the random parts of the initialisation")
+
+
+def cmd_convert(cfg: ConvertConfig) -> Path:
+    import torch
+
+    import tcal
+    from tcal.atomic import atomic_dir, write_json
+    from tcal.teachers import load_teacher
+
+    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    t0 = time.perf_counter()
+    teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
+    timings = {"load_teacher_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    hybrid = tcal.convert(
+        teacher, keep=parse_keep(cfg.keep), init=cfg.init, seed=cfg.seed,
+        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
+    )
+    timings["convert_s"] = time.perf_counter() - t0
+    report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
+              "timings": timings}
+    if cfg.eval.lower() != "none":
+        from tcal.evaluate import perplexity_report
+
+        report["eval"] = {
+            name: perplexity_report(model, tokenizer, cfg.eval, window=cfg.eval_window, windows=cfg.eval_windows)
+            for name, model in (("teacher", teacher), ("hybrid", hybrid))
+        }
+    with atomic_dir(cfg.out) as tmp, torch.no_grad():
+        hybrid.save_pretrained(tmp, atomic=False)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_json(tmp / "tcal_config.json", {"stage": "convert", **dataclasses.asdict(cfg)})
+        write_json(tmp / "report.json", report)
+    print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, "
+          f"attention kept at {hybrid.config.attention_layers}")
+    for name, r in report.get("eval", {}).items():
+        print(f"  {name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
+    return Path(cfg.out)
+
+
+# ---------------------------------------------------------------------------------------------
+# tcal eval
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalConfig:
+    model: str = arg("smollm2-135m", "a saved tcal hybrid directory, or any teacher spec")
+    data: str = arg("wiki:eval", "corpus spec, file path")
+    window: int = arg(512, "tokens per window")
+    windows: int = arg(64, "number of windows (the first N, non-overlapping)")
+    device: str = arg("auto", "cpu, cuda, cuda:N or auto")
+    dtype: str = arg("float32", "float32 or bfloat16")
+
+
+def cmd_eval(cfg: EvalConfig) -> dict:
+    import json
+
+    from tcal.evaluate import perplexity_report
+    from tcal.teachers import load_teacher
+
+    model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
+    rep = perplexity_report(model, tokenizer, cfg.data, window=cfg.window, windows=cfg.windows)
+    print(json.dumps(rep, indent=2, default=str))
+    print(f"{cfg.model}: PPL {rep['ppl']:.3f} on {cfg.data} ({cfg.windows} x {cfg.window} tokens)")
+    return rep
+
+
+COMMANDS = {
+    "convert": (ConvertConfig, cmd_convert, "convert a teacher into a hybrid and save it"),
+    "eval": (EvalConfig, cmd_eval, "held-out perplexity of a hybrid or teacher"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tcal",
+        description="Convert Transformer LMs into hybrid attention / Gated DeltaNet models (Taylor-Calibrate).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (cls, _, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_dataclass_args(p, cls)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if ns.verbose else logging.INFO, format="%(message)s")
+    if ns.command is None:
+        parser.print_help()
+        return 0
+    cls, fn, _ = COMMANDS[ns.command]
+    try:
+        fn(from_args(cls, ns))
+    except TcalError as err:
+        print(f"tcal: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tcal: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

