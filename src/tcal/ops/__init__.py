@@ -11,6 +11,8 @@ where the loop *is* the cheapest form).
 from __future__ import annotations
 
 import functools
+import importlib.util
+import logging
 import os
 
 import torch
@@ -20,11 +22,13 @@ from tcal.ops.chunk import chunk_gated_delta_rule_torch
 from tcal.ops.naive import naive_recurrent_gated_delta_rule
 
 BACKENDS = ("auto", "naive", "chunk", "fla")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BACKENDS",
     "chunk_gated_delta_rule_torch",
     "fla_available",
+    "fla_backward_ok",
     "gated_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "resolve_backend",
@@ -44,7 +48,19 @@ def fla_available() -> bool:
     return torch.cuda.is_available() and _fla_ops() is not None
 
 
-def resolve_backend(backend: str, device: torch.device, seq_len: int) -> str:
+@functools.lru_cache(maxsize=1)
+def fla_backward_ok() -> bool:
+    """False where fla refuses its gated backward: Hopper GPUs with Triton 3.4 <= v < 3.7.1 and no
+    tilelang (fla issue #640, wrong gradients). Training then runs the chunked PyTorch path."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:  # older fla without the guard
+        return True
+    buggy = IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
+    return not buggy or importlib.util.find_spec("tilelang") is not None
+
+
+def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad: bool = False) -> str:
     backend = os.environ.get("TCAL_GDN_BACKEND", backend) if backend == "auto" else backend
     if backend not in BACKENDS:
         raise TcalError(f"unknown GDN backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -53,12 +69,24 @@ def resolve_backend(backend: str, device: torch.device, seq_len: int) -> str:
             raise TcalError("GDN backend 'fla' needs CUDA tensors; use backend 'chunk' on CPU")
         if _fla_ops() is None:
             raise TcalError("GDN backend 'fla' needs flash-linear-attention: pip install 'tcal[fla]'")
+        if needs_grad and not fla_backward_ok():
+            raise TcalError("fla's gated backward is disabled on this GPU (Hopper + Triton < 3.7.1, fla #640); "
+                            "use backend 'auto' or 'chunk' for training, or install tilelang")
         return "fla"
     if backend == "auto":
         if device.type == "cuda" and _fla_ops() is not None:
-            return "fla"
+            if not needs_grad or fla_backward_ok():
+                return "fla"
+            _warn_fla_backward()
+            return "chunk"
         return "naive" if seq_len == 1 else "chunk"
     return backend
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_fla_backward():
+    log.warning("fla's gated backward is unavailable here (Hopper + Triton < 3.7.1, fla #640): "
+                "GDN training runs the chunked PyTorch path; inference still uses fla")
 
 
 def gated_delta_rule(
@@ -74,7 +102,10 @@ def gated_delta_rule(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (o (B, T, H, V) in v's dtype, final state (B, H, K, V) fp32 or None)."""
-    kind = resolve_backend(backend, q.device, q.shape[1])
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
+    )
+    kind = resolve_backend(backend, q.device, q.shape[1], needs_grad)
     if kind == "naive":
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state)
     if kind == "chunk":
@@ -83,7 +114,7 @@ def gated_delta_rule(
         )
     chunk_fn, recurrent_fn = _fla_ops()
     # fla wants q/k/v in one dtype and g/beta in fp32 or that dtype; the state stays fp32.
-    fn = recurrent_fn if (q.shape[1] == 1 and not torch.is_grad_enabled()) else chunk_fn
+    fn = recurrent_fn if (q.shape[1] == 1 and not needs_grad) else chunk_fn
     init = None if initial_state is None else initial_state.float()
     o, state = fn(
         q=q, k=k, v=v.to(q.dtype), g=g.float(), beta=beta.to(q.dtype), scale=scale,
