@@ -1,0 +1,135 @@
+"""Hybrid vs teacher: prefill and decode throughput and memory by context length.
+
+Random weights at a real model's shapes (speed does not depend on the values):
+
+    python bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 1024,4096,16384
+
+Prefill: one forward over the whole context (B=1), median of --reps after a warm-up.
+Decode: --decode-tokens greedy steps after a prefill of the given length, tokens/s.
+Memory: peak CUDA memory of each phase, and the size of the cache after prefill.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import tcal
+from tcal import compat
+from tcal.select import parse_policy, uniform_layers
+
+# Public config values of the models whose shapes we borrow.
+SHAPES = {
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, vocab_size=128256, head_dim=128,
+                         max_position_embeddings=131072, rope_theta=5e5, tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
+}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def cache_bytes(cache) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+        for name in ("conv_states", "recurrent_states"):
+            for t in (getattr(layer, name, None) or {}).values():
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+    return total
+
+
+@torch.no_grad()
+def measure(model, ctx, decode_tokens, reps, device, vocab):
+    ids = torch.randint(0, vocab, (1, ctx), device=device)
+    times = []
+    for i in range(reps + 1):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync(device)
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True, logits_to_keep=1)
+        sync(device)
+        if i:  # first run is the warm-up
+            times.append(time.perf_counter() - t0)
+    prefill_mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    cache = getattr(out, compat.CACHE_KWARG)
+    cbytes = cache_bytes(cache)
+    tok = out.logits[:, -1:].argmax(-1)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(decode_tokens):
+        out = model(tok, use_cache=True, **{compat.CACHE_KWARG: cache})
+        tok = out.logits[:, -1:].argmax(-1)
+    sync(device)
+    decode_s = time.perf_counter() - t0
+    return {
+        "prefill_s": statistics.median(times), "prefill_tok_s": ctx / statistics.median(times),
+        "prefill_peak_gb": prefill_mem, "cache_mb": cbytes / 2**20,
+        "decode_tok_s": decode_tokens / decode_s,
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
+    p.add_argument("--keep", default="uniform:25%", help="layers kept as attention (list or policy uniform:K)")
+    p.add_argument("--contexts", default="1024,4096,16384")
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    shape = dict(SHAPES[args.shape])
+    cfg = AutoConfig.for_model(shape.pop("model_type"), **shape)
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        teacher = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    pol = parse_policy(args.keep, cfg.num_hidden_layers)
+    keep = pol.layers if pol.kind == "list" else uniform_layers(pol.k, cfg.num_hidden_layers)
+    hybrid = tcal.convert(teacher, keep=keep, init="copy").eval()
+    rows = []
+    for ctx in [int(c) for c in args.contexts.split(",")]:
+        for name, model in (("teacher", teacher), ("hybrid", hybrid)):
+            try:
+                r = measure(model, ctx, args.decode_tokens, args.reps, device, cfg.vocab_size)
+            except torch.OutOfMemoryError:
+                r = {"error": "out of memory"}
+                torch.cuda.empty_cache()
+            rows.append({"model": name, "context": ctx, **r})
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{args.shape} ({args.dtype}, {device}), hybrid keeps attention at {keep} "
+          f"({len(keep)}/{cfg.num_hidden_layers})")
+    print(f"{'context':>8} {'model':8} {'prefill tok/s':>14} {'peak GB':>8} {'cache MB':>9} {'decode tok/s':>13}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['context']:>8} {r['model']:8} {r['error']}")
+            continue
+        mem = f"{r['prefill_peak_gb']:.2f}" if r["prefill_peak_gb"] is not None else "-"
+        print(f"{r['context']:>8} {r['model']:8} {r['prefill_tok_s']:>14,.0f} {mem:>8} {r['cache_mb']:>9.1f} "
+              f"{r['decode_tok_s']:>13.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shape": args.shape, "keep": keep, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
