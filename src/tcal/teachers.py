@@ -26,14 +26,13 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
-from tcal.data import cache_root, fetch_pypi, say
+from tcal.data import cache_root, fetch_pypi, make_temp_dir, path_exists, say
 from tcal.errors import TcalError
 
 DEFAULT_TEACHER = "smollm2-135m"
@@ -156,6 +155,22 @@ def _make_saveable(model) -> None:
         model.is_quantized = False
 
 
+def _align_special_tokens(model, tok) -> None:
+    """Make the tokenizer's BOS/EOS/PAD agree with the model config read from the same GGUF.
+
+    transformers 5.17 builds the SmolLM2 GGUF tokenizer with eos = <|im_start|> (id 1) while the
+    config says 2 (<|im_end|>); 5.24 gets it right. The EOS is the document separator of the
+    perplexity protocol, so this must not depend on the transformers version.
+    """
+    cfg = model.config
+    for kind in ("eos", "bos", "pad"):
+        cid = getattr(cfg, f"{kind}_token_id", None)
+        if not isinstance(cid, int) or cid < 0 or cid >= len(tok):
+            continue
+        if getattr(tok, f"{kind}_token_id", None) != cid:
+            setattr(tok, f"{kind}_token", tok.convert_ids_to_tokens(cid))
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:200]
@@ -187,6 +202,7 @@ def _load_gguf(path: Path, dtype=torch.float32):
     except Exception as e:
         raise TcalError(f"cannot load GGUF {path} ({type(e).__name__}: {_first_line(e)}); check the file or convert it to a HF directory") from e
     _make_saveable(model)
+    _align_special_tokens(model, tok)
     if dtype != torch.float32:
         model = model.to(dtype)
     return model.eval(), tok
@@ -227,8 +243,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
     say(f"dequantising GGUF {gguf_path.name} (~30 s, once) into {final}")
     t0 = time.time()
     model, tok = _load_gguf(gguf_path, dtype=torch.float32)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{name}-"))
+    tmp = make_temp_dir(final.parent, f".tmp-{name}-")
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -380,9 +395,10 @@ def load_teacher(spec: str | os.PathLike = DEFAULT_TEACHER, *, cache_dir=None, d
     if spec in BUILTIN_TEACHERS:
         d = builtin_teacher_dir(spec, cache_dir=cache_dir)
         model, tok = _load_dir(d, dtype)
-    elif path.is_dir():
+        _align_special_tokens(model, tok)  # a cache converted by an older transformers
+    elif path_exists(spec) and path.is_dir():
         model, tok = _load_dir(path, dtype)
-    elif path.is_file():
+    elif path_exists(spec) and path.is_file():
         if path.suffix.lower() != ".gguf":
             raise TcalError(f"{spec} is a file but not a .gguf; pass a model directory (with config.json) or a .gguf file")
         model, tok = _load_gguf(path, dtype)
