@@ -133,10 +133,51 @@ def cmd_eval(cfg: EvalConfig) -> dict:
     return rep
 
 
+# ---------------------------------------------------------------------------------------------
+# tcal pool
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PoolConfig:
+    out: str = arg("runs/pool", "pool directory (written atomically)")
+    teacher: str = arg("smollm2-135m", "teacher whose tokenizer tokenises the pool")
+    sources: str = arg("sotu,brown,python-doc,postgres-doc,linux-doc",
+                       "comma-separated sources (built-in names, NAME:calib splits, dir:PATH); never evaluation text")
+    max_tokens: int | None = arg(None, "stop after this many tokens")
+    max_file_mb: float = arg(60.0, "largest part file in MiB (the GPU machine takes 64 MiB per call)")
+
+
+def cmd_pool(cfg: PoolConfig) -> dict:
+    from tcal.pool import build_pool
+    from tcal.teachers import load_teacher
+
+    _, tokenizer = load_teacher(cfg.teacher)
+    sources = tuple(s.strip() for s in cfg.sources.split(",") if s.strip())
+    return build_pool(tokenizer, cfg.out, sources=sources, max_tokens=cfg.max_tokens, max_file_mb=cfg.max_file_mb)
+
+
 COMMANDS = {
     "convert": (ConvertConfig, cmd_convert, "convert a teacher into a hybrid and save it"),
     "eval": (EvalConfig, cmd_eval, "held-out perplexity of a hybrid or teacher"),
+    "pool": (PoolConfig, cmd_pool, "tokenise packaged real text into a distillation token pool"),
 }
+
+
+def _register_training_commands() -> None:
+    from tcal.distill import DistillConfig, run_distill
+    from tcal.recover import RecoverConfig, run_recover
+
+    COMMANDS["distill"] = (DistillConfig, run_distill, "distil a hybrid against its frozen teacher's logits")
+    COMMANDS["recover"] = (RecoverConfig, run_recover,
+                           "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets")
+
+
+_register_training_commands()
+
+
+# `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`: the first positional fills this field.
+POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (cls, _, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in POSITIONAL:
+            field = POSITIONAL[name]
+            p.add_argument("positional", nargs="?", metavar=field.upper(), help=f"same as --{field}")
         add_dataclass_args(p, cls)
     return parser
 
@@ -160,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     cls, fn, _ = COMMANDS[ns.command]
+    if getattr(ns, "positional", None):
+        setattr(ns, POSITIONAL[ns.command], ns.positional)
     try:
         fn(from_args(cls, ns))
     except TcalError as err:

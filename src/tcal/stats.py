@@ -33,6 +33,8 @@ __all__ = [
     "LayerStats",
     "TeacherStats",
     "attention_distance",
+    "attention_distance_nosink",
+    "attention_sink_mass",
     "attention_entropy",
     "attention_entropy_normalised",
     "capture_teacher_io",
@@ -96,6 +98,42 @@ def _mean_per_head(rows: torch.Tensor) -> torch.Tensor:
 def attention_distance(p: torch.Tensor) -> torch.Tensor:
     """d_h = mean_t sum_s p_{t,s} max(t - s, 0.5): per-head mean attention distance, (H,)."""
     return _mean_per_head(row_distance(p))
+
+
+def _sink_parts(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: (distance mass on keys s >= 1, non-sink mass 1 - p_{t,0}, sink mass p_{t,0}), rows t >= 1 only."""
+    lag, causal = _causal_geometry(p)
+    weight = torch.where(causal, lag.clamp_min(0.5), torch.zeros_like(lag))
+    weight[:, 0] = 0.0
+    pf = p.float() * causal
+    tq, tk = p.shape[-2], p.shape[-1]
+    rows = torch.arange(tk - tq, tk, device=p.device) >= 1
+    num = (pf * weight).sum(-1)[..., rows]
+    sink = pf[..., 0][..., rows]
+    return num, pf[..., 1:].sum(-1)[..., rows], sink
+
+
+def attention_distance_nosink(p: torch.Tensor) -> torch.Tensor:
+    """d_h with the first key (the attention sink) taken out, (H,).
+
+    sum_{t>=1} sum_{s>=1} p_{t,s} max(t - s, 0.5) / sum_{t>=1} sum_{s>=1} p_{t,s}: the distance of the
+    attention that is not parked on token 0, rows weighted by how much of it they have. Heads
+    that put most of their mass on the sink otherwise look like long-memory heads (their d_h
+    grows like t/2) although what they read is one fixed token. 0.5 when no such mass exists.
+    """
+    num, mass, _ = _sink_parts(p)
+    H = p.shape[-3]
+    num = num.transpose(-2, 0).reshape(H, -1).sum(-1) if num.dim() > 2 else num.sum(-1)
+    mass = mass.transpose(-2, 0).reshape(H, -1).sum(-1) if mass.dim() > 2 else mass.sum(-1)
+    return torch.where(mass > 0, num / mass.clamp_min(1e-30), torch.full_like(num, 0.5))
+
+
+def attention_sink_mass(p: torch.Tensor) -> torch.Tensor:
+    """Per head: mean over rows t >= 1 of p_{t,0}, the attention parked on the first token, (H,)."""
+    _, _, sink = _sink_parts(p)
+    if sink.shape[-1] == 0:
+        return torch.zeros(p.shape[-3], device=p.device)
+    return _mean_per_head(sink)
 
 
 def attention_entropy(p: torch.Tensor) -> torch.Tensor:
@@ -166,6 +204,17 @@ class LayerStats:
     ctx_vec_rms: float  # mean over tokens and heads of each d-vector's RMS (the reference's teacher_rms)
     out_rms: float  # RMS of the attention output after W_o
     x_rms: float  # RMS of the layer input (output of input_layernorm)
+    distance_nosink: list[float] | None = None  # d_h without the attention on token 0 (the sink)
+    sink_mass: list[float] | None = None  # mean attention on token 0 (rows t >= 1)
+
+    def distances(self, kind: str = "raw") -> list[float]:
+        if kind == "raw":
+            return self.distance
+        if kind == "nosink":
+            if self.distance_nosink is None:
+                raise TcalError("these statistics have no sink-free distance; collect them again with this tcal")
+            return self.distance_nosink
+        raise TcalError(f"unknown distance {kind!r}; choose 'raw' or 'nosink'")
 
     def concentration(self, kind: str = "minmax") -> list[float]:
         if kind == "minmax":
@@ -321,6 +370,8 @@ class _StatsAccumulator:
         self.H, self.d = num_heads, head_dim
         z = lambda: torch.zeros(num_heads, dtype=torch.float64)  # noqa: E731
         self.dist, self.ent, self.ent_norm = z(), z(), z()
+        self.ns_num, self.ns_mass, self.sink = z(), z(), z()
+        self.sink_rows = 0
         self.ctx_sq = z()
         self.rows = 0  # rows per head
         self.norm_rows = 0  # rows with t >= 1 per head
@@ -340,6 +391,11 @@ class _StatsAccumulator:
         if bool(keep.any()):
             self.ent_norm += (row_entropy(p)[..., keep] / support[keep]).sum((0, 2)).double().cpu()
             self.norm_rows += p.shape[0] * int(keep.sum())
+        num, mass, sink = _sink_parts(p)
+        self.ns_num += num.sum((0, 2)).double().cpu()
+        self.ns_mass += mass.sum((0, 2)).double().cpu()
+        self.sink += sink.sum((0, 2)).double().cpu()
+        self.sink_rows += p.shape[0] * sink.shape[-1]
         self.rows += rows
 
     def add_ctx(self, c: torch.Tensor) -> None:  # (B, T, H * d)
@@ -371,7 +427,7 @@ class _StatsAccumulator:
             layer=layer,
             num_heads=self.H,
             head_dim=self.d,
-            tokens=self.rows // 1,
+            tokens=self.rows,
             distance=to_list(dist),
             entropy=to_list(ent),
             entropy_normalised=to_list(ent_norm),
@@ -381,6 +437,9 @@ class _StatsAccumulator:
             ctx_vec_rms=self.ctx_vec_rms / max(self.ctx_tokens * self.H, 1),
             out_rms=math.sqrt(self.out_sq / max(self.out_n, 1)),
             x_rms=math.sqrt(self.x_sq / max(self.x_n, 1)),
+            distance_nosink=to_list(torch.where(self.ns_mass > 0, self.ns_num / self.ns_mass.clamp_min(1e-30),
+                                                torch.full_like(self.ns_num, 0.5))),
+            sink_mass=to_list(self.sink / max(self.sink_rows, 1)),
         )
 
 
@@ -511,7 +570,7 @@ def summarise(stats: Mapping[int, LayerStats]) -> str:
     """A per-layer table: distance range, entropy, concentration, RMS figures."""
     head = (
         f"{'layer':>5} {'heads':>5} {'tokens':>7} {'d min':>7} {'d med':>7} {'d max':>7} {'H mean':>7} "
-        f"{'c_abs':>6} {'ctx rms':>8} {'out rms':>8} {'x rms':>7}"
+        f"{'c_abs':>6} {'sink':>5} {'d0 med':>7} {'ctx rms':>8} {'out rms':>8} {'x rms':>7}"
     )
     lines = [head, "-" * len(head)]
     for i in sorted(stats):
@@ -520,6 +579,8 @@ def summarise(stats: Mapping[int, LayerStats]) -> str:
         lines.append(
             f"{i:>5} {s.num_heads:>5} {s.tokens:>7} {d.min():>7.1f} {d.median():>7.1f} {d.max():>7.1f} "
             f"{sum(s.entropy) / len(s.entropy):>7.2f} {sum(s.concentration_absolute) / s.num_heads:>6.2f} "
+            f"{sum(s.sink_mass or [float('nan')]) / s.num_heads:>5.2f} "
+            f"{torch.tensor(s.distance_nosink or [float('nan')]).median():>7.1f} "
             f"{s.ctx_vec_rms:>8.4f} {s.out_rms:>8.4f} {s.x_rms:>7.3f}"
         )
     return "\n".join(lines)
@@ -538,10 +599,13 @@ def plot_stats(stats: Mapping[int, LayerStats], path: str | os.PathLike) -> str:
     nan = float("nan")
 
     def grid(name):
-        return [list(getattr(stats[i], name)) + [nan] * (H - stats[i].num_heads) for i in idx]
+        return [list(getattr(stats[i], name) or [nan] * stats[i].num_heads) + [nan] * (H - stats[i].num_heads)
+                for i in idx]
 
     panels = [
         ("distance", "mean attention distance d_h (tokens)", "viridis", True),
+        ("distance_nosink", "d_h without the sink token (tokens)", "viridis", True),
+        ("sink_mass", "attention on token 0 (sink)", "magma", False),
         ("concentration_minmax", "concentration c_h (min-max, reference)", "magma", False),
         ("concentration_absolute", "concentration c_h (absolute)", "magma", False),
     ]
