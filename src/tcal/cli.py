@@ -55,7 +55,10 @@ class ConvertConfig:
                     "layers kept as softmax attention: a list like 0,4,8")
     init: str = arg("copy", "initialisation of the GDN layers")
     out: str = arg("runs/convert", "output directory (written atomically)")
-    calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only)")
+    calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only); disjoint from --eval")
+    calib_window: int = arg(256, "calibration sequence length (reference: 256)")
+    calib_windows: int = arg(4, "calibration sequences (reference: 4)")
+    align_steps: int = arg(300, "Phase 2 steps per layer (reference: 300)")
     eval: str = arg("wiki:eval", "held-out corpus for the report's perplexity; 'none' to skip")
     eval_window: int = arg(512, "evaluation window length in tokens")
     eval_windows: int = arg(64, "number of evaluation windows")
@@ -78,13 +81,21 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
+    extra = {}
+    if cfg.init not in ("copy", "zero-gate"):
+        from tcal.align import AlignConfig
+
+        extra = {"align": AlignConfig(steps=cfg.align_steps), "calib_window": cfg.calib_window,
+                 "calib_windows": cfg.calib_windows}
     hybrid = tcal.convert(
-        teacher, keep=parse_keep(cfg.keep), init=cfg.init, seed=cfg.seed,
-        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
+        teacher, keep=parse_keep(cfg.keep), init=cfg.init, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
+        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, progress=True, **extra,
     )
     timings["convert_s"] = time.perf_counter() - t0
+    record = hybrid.tcal_record
     report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
-              "timings": timings}
+              "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
+              "calibration": record.get("calibration")}
     if cfg.eval.lower() != "none":
         from tcal.evaluate import perplexity_report
 
@@ -98,11 +109,76 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
             tokenizer.save_pretrained(tmp)
         write_json(tmp / "tcal_config.json", {"stage": "convert", **dataclasses.asdict(cfg)})
         write_json(tmp / "report.json", report)
+        (tmp / "report.md").write_text(convert_markdown(cfg, report))
+        stats = record.get("detail", {}).get("stats")
+        if stats is not None:
+            from tcal.stats import save_stats
+
+            save_stats(stats, tmp / "teacher_stats.json")
     print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, "
           f"attention kept at {hybrid.config.attention_layers}")
     for name, r in report.get("eval", {}).items():
         print(f"  {name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
     return Path(cfg.out)
+
+
+def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
+    lt = report["layer_types"]
+    lines = [f"# tcal convert: {cfg.teacher} -> hybrid ({cfg.init})", "",
+             f"- attention kept at {[i for i, t in enumerate(lt) if t != 'linear_attention']}, "
+             f"{lt.count('linear_attention')}/{len(lt)} layers converted to Gated DeltaNet"]
+    if report.get("calibration"):
+        c = report["calibration"]
+        lines.append(f"- calibration data: `{c['data']}`, {c['sequences']} x {c['tokens_per_sequence']} tokens")
+    if report.get("eval"):
+        lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
+                     f"first {cfg.eval_windows} x {cfg.eval_window} tokens")
+        lines += ["", "| model | held-out PPL |", "|---|---:|"]
+        lines += [f"| {name} | {r['ppl']:.2f} |" for name, r in report["eval"].items()]
+    lines += ["", "| stage | seconds |", "|---|---:|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# tcal stats
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StatsConfig:
+    teacher: str = arg("smollm2-135m", "teacher spec")
+    data: str = arg("wiki:calib", "corpus the statistics are taken on (use the calibration split)")
+    window: int = arg(256, "sequence length")
+    windows: int = arg(4, "number of sequences")
+    layers: str = arg("all", "layers to measure: all, or a list like 1,3,5")
+    out: str = arg("runs/stats", "output directory: teacher_stats.json, stats.png, stats.txt")
+    device: str = arg("auto", "cpu, cuda, cuda:N or auto")
+
+
+def cmd_stats(cfg: StatsConfig) -> dict:
+    from tcal.atomic import atomic_dir, write_json
+    from tcal.data import token_windows
+    from tcal.stats import collect_stats, plot_stats, save_stats, summarise
+    from tcal.teachers import load_teacher
+
+    teacher, tok = load_teacher(cfg.teacher, device=resolve_device(cfg.device))
+    layers = None if cfg.layers == "all" else parse_keep(cfg.layers)
+    if isinstance(layers, str):
+        raise TcalError(f"--layers {cfg.layers!r}: give 'all' or a list like 1,3,5")
+    ids = token_windows(cfg.data, tok, window=cfg.window, n_windows=cfg.windows)
+    t0 = time.perf_counter()
+    stats = collect_stats(teacher, ids, layers)
+    seconds = time.perf_counter() - t0
+    text = summarise(stats)
+    with atomic_dir(cfg.out) as tmp:
+        save_stats(stats, tmp / "teacher_stats.json")
+        plot_stats(stats, tmp / "stats.png")
+        (tmp / "stats.txt").write_text(text + "\n")
+        write_json(tmp / "tcal_config.json", {"stage": "stats", "seconds": seconds, **dataclasses.asdict(cfg)})
+    print(text)
+    print(f"{len(stats)} layers in {seconds:.1f} s ({seconds / max(len(stats), 1):.2f} s/layer); wrote {cfg.out}")
+    return {"seconds": seconds}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,9 +241,13 @@ COMMANDS = {
 
 
 def _register_training_commands() -> None:
+    from tcal.ablate import AblateConfig, run_ablate
     from tcal.distill import DistillConfig, run_distill
     from tcal.recover import RecoverConfig, run_recover
 
+    COMMANDS["stats"] = (StatsConfig, cmd_stats, "teacher attention statistics per layer and head, with heat maps")
+    COMMANDS["ablate"] = (AblateConfig, run_ablate,
+                          "every init strategy on the same layers and data: held-out PPL table, plot")
     COMMANDS["distill"] = (DistillConfig, run_distill, "distil a hybrid against its frozen teacher's logits")
     COMMANDS["recover"] = (RecoverConfig, run_recover,
                            "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets")
@@ -200,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if ns.verbose else logging.INFO, format="%(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars on every load; tcal shows its own progress
     if ns.command is None:
         parser.print_help()
         return 0

@@ -44,7 +44,7 @@ def _init_zero_gate(hybrid: HybridForCausalLM, teacher, **_):
     return {}
 
 
-def _ensure_strategies() -> None:
+def ensure_strategies() -> None:
     if "taylor" not in INITS:
         from tcal.calibrate import register_strategies
 
@@ -98,7 +98,7 @@ def convert(
 
     The returned model carries ``model.tcal_record`` (what the init did, timings).
     """
-    _ensure_strategies()
+    ensure_strategies()
     if init not in INITS:
         raise TcalError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
     gdn_options, init_options = _split_options(options)
