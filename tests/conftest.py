@@ -34,6 +34,15 @@ def tiny_teacher(family: str = "llama", seed: int = 0, **over):
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matmuls are dominated by thread-pool wake-ups on a busy 2-core box.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param

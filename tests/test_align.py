@@ -13,13 +13,6 @@ from tcal.hybrid import build_hybrid
 from tcal.stats import LayerIO, capture_teacher_io
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 D, H, d = 16, 2, 8
 

@@ -22,13 +22,6 @@ from tcal.ops import naive_recurrent_gated_delta_rule
 from tcal.stats import LayerIO, LayerStats
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 H, d, D = 3, 8, 24
 

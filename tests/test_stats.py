@@ -15,14 +15,6 @@ from tcal.stats import (
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matmuls are dominated by thread-pool wake-ups on a busy 2-core box.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 CFG = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
            num_key_value_heads=2, max_position_embeddings=128)

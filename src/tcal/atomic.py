@@ -31,6 +31,12 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = True):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    publish_dir(tmp, out)
+
+
+def publish_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Move a finished directory ``tmp`` to ``out``, replacing what was there, by renames only."""
+    tmp, out = Path(tmp), Path(out)
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")

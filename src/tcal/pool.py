@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -50,6 +49,7 @@ from tcal.data import (
     separator_id,
     tokenizer_id,
 )
+from tcal.atomic import publish_dir
 from tcal.errors import TcalError
 
 POOL_FORMAT = "tcal-pool-v1"
@@ -415,13 +415,7 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

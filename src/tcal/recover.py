@@ -24,8 +24,6 @@ import inspect
 import json
 import logging
 import math
-import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from tcal.atomic import write_json
+from tcal.atomic import publish_dir, write_json
 from tcal.config import arg
 from tcal.distill import (
     SCHEDULES,
@@ -422,13 +420,7 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     write_json(work / "tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
     (work / "recover_config.json").unlink(missing_ok=True)
     (work / "teacher_ppl.json").unlink(missing_ok=True)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(work, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_dir(work, out)
     print(md)
     print(f"wrote {out}")
     return summary

@@ -99,14 +99,31 @@ def gdn_for_every_layer(teacher, init: str, **init_kwargs) -> dict:
     """An initialised GDN module for every layer of the teacher.
 
     Calibration is teacher-forced and layer-local, so a layer's GDN does not depend on which
-    other layers are converted: two conversions (keeping layer 1, then layer 0) cover all layers.
+    other layers are converted: one conversion keeping only layer 0 as attention covers layers
+    1..L-1, and one keeping every layer but 0 covers layer 0.
     """
     from tcal.convert import convert
 
     L = teacher.config.num_hidden_layers
-    a = convert(teacher, keep=[0], init=init, **init_kwargs).gdn_modules()
-    b = convert(teacher, keep=[1], init=init, **init_kwargs).gdn_modules()
-    return {i: (a[i] if i in a else b[i]) for i in range(L)}
+    rest = convert(teacher, keep=[0], init=init, **init_kwargs).gdn_modules()
+    first = convert(teacher, keep=list(range(1, L)), init=init, **init_kwargs).gdn_modules()
+    return {0: first[0], **rest}
+
+
+@torch.no_grad()
+def assemble(teacher, keep: list[int], modules: dict):
+    """Context manager-free helper: swap ``modules`` into every layer not in ``keep``; returns a restore fn."""
+    layers = teacher.model.layers
+    originals = {i: layers[i].self_attn for i in range(len(layers))}
+    for j in range(len(layers)):
+        if j not in keep:
+            layers[j].self_attn = modules[j]
+
+    def restore():
+        for j, attn in originals.items():
+            layers[j].self_attn = attn
+
+    return restore
 
 
 @torch.no_grad()
