@@ -86,6 +86,7 @@ def test_convert_taylor_with_policy(workspace):
                "--align-steps", 5, "--out", out, "--eval", "none", "--device", "cpu") == 0
     report = json.loads((out / "report.json").read_text())
     assert report["calibration"]["sequences"] == 8
+    assert {"teacher_stats.json", "report.md"} <= set(os.listdir(out))
     assert AutoModelForCausalLM.from_pretrained(out).config.attention_layers == [0, 2]
 
 

@@ -81,12 +81,17 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    extra = {}
+    extra, stats = {}, None
     if cfg.init not in ("copy", "zero-gate"):
         from tcal.align import AlignConfig
+        from tcal.convert import calibration_ids
+        from tcal.stats import collect_stats
 
-        extra = {"align": AlignConfig(steps=cfg.align_steps), "calib_window": cfg.calib_window,
-                 "calib_windows": cfg.calib_windows}
+        calib_ids = calibration_ids(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
+        t1 = time.perf_counter()
+        stats = collect_stats(teacher, calib_ids)  # every layer: one teacher pass, saved with the hybrid
+        timings["stats_s"] = time.perf_counter() - t1
+        extra = {"align": AlignConfig(steps=cfg.align_steps), "calib_ids": calib_ids, "stats": stats}
     hybrid = tcal.convert(
         teacher, keep=parse_keep(cfg.keep), init=cfg.init, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, progress=True, **extra,
@@ -110,7 +115,6 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
         write_json(tmp / "tcal_config.json", {"stage": "convert", **dataclasses.asdict(cfg)})
         write_json(tmp / "report.json", report)
         (tmp / "report.md").write_text(convert_markdown(cfg, report))
-        stats = record.get("detail", {}).get("stats")
         if stats is not None:
             from tcal.stats import save_stats
 
