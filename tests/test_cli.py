@@ -106,6 +106,7 @@ def test_ablate_small(workspace):
     res = json.loads((out / "ablation.json").read_text())
     assert [r["init"] for r in res["rows"]] == ["copy", "zero-gate", "taylor"]
     assert res["rows"][0]["copy_over_init"] == pytest.approx(1.0)
+    assert res["rows"][2]["heldout_fit"] is not None and res["rows"][2]["phase_seconds"]["phase2"] > 0
     assert {"ablation.md", "ablation.png", "teacher_stats.json", "tcal_config.json"} <= set(os.listdir(out))
 
 

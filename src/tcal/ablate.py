@@ -148,7 +148,7 @@ def _phase_seconds(detail: dict) -> dict:
 def _heldout_fit(detail: dict) -> float | None:
     """Mean held-out cosine of the layer outputs after Phase 2 (if the strategy ran Phase 2)."""
     recs = detail.get("phase2") or {}
-    vals = [r.get("heldout_cos_after") for r in recs.values() if isinstance(r, dict)]
+    vals = [r.get("heldout_cos") for r in recs.values() if isinstance(r, dict)]
     vals = [v for v in vals if isinstance(v, (int, float))]
     return sum(vals) / len(vals) if vals else None
 
