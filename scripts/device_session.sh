@@ -8,7 +8,7 @@
 #          command: bash scripts/device_session.sh stage-a check speed
 # Call B (right after A, while the machine is warm):
 #          carry [".dev/gguf/part-b", ".dev/gguf/cache", ".dev/pool10m/tokens-00001.bin", ".dev/pool10m/manifest.json"]
-#          command: bash scripts/device_session.sh stage-b calib-timing recover
+#          command: bash scripts/device_session.sh stage-b select-timing recover
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
@@ -37,13 +37,10 @@ for step in "$@"; do
       done ;;
     speed)
       python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 --json "$OUT/hybrid_speed.json" | tail -9 ;;
-    calib-timing)
-      python3 bench/calibration_cost.py --device cuda --json "$OUT/calibration_cost.json" 2>&1 | tail -15 ;;
-    recover)
-      timeout 560 python3 -m tcal.cli recover --teacher smollm2-135m --keep 0,4,8,12,16,20,24,28 --inits copy,taylor \
-        --data $S/pool --tokens "$RECOVER_TOKENS" --out "$S/recover" 2>&1 | grep -v "it/s\]" | tail -30
-      cp $S/recover/*.md $S/recover/*.json $S/recover/*.png "$OUT/" 2>/dev/null
-      for d in $S/recover/*/; do n=$(basename "$d"); cp "$d/curve.csv" "$OUT/curve_$n.csv" 2>/dev/null; done ;;
+    select-timing)
+      python3 bench/select_policies.py --device cuda --ks 8,15 --init taylor-exact-silent --out "$OUT/select" | tail -12 ;;
+    recover)  # resumable: rerun this step (same warm machine) until it prints "wrote"
+      bash bench/distill_device.sh --data $S/pool --tokens "$RECOVER_TOKENS" --minutes "${RECOVER_MINUTES:-8}" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
