@@ -34,7 +34,7 @@ if [ -f "$RUN/recovery.md" ] && [ ! -d "$RUN.partial" ]; then
   echo "already finished: $RUN"
 else
   RESUME=; [ -d "$RUN.partial" ] && RESUME=--resume
-  python3 -m tcal.recover --teacher smollm2-135m --keep 0,4,8,12,16,20,24,28 --inits copy,taylor \
+  python3 -m tcal.cli recover --teacher smollm2-135m --keep 0,4,8,12,16,20,24,28 --inits copy,taylor \
     --data "$DATA" --tokens "$TOKENS" --out "$RUN" --seq-len 1024 --batch-size 32 --kl-chunk 4096 \
     --eval wiki:eval --eval-window 512 --eval-windows 16 --eval-every 500000 \
     --calib wiki:calib --calib-window 512 --calib-windows 32 \

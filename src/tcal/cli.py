@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tcal: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("tcal: interrupted", file=sys.stderr)
+        hint = " (rerun with --resume to continue from the last checkpoint)" if ns.command in ("distill", "recover") else ""
+        print(f"tcal: interrupted{hint}", file=sys.stderr)
         return 130
     return 0
 

@@ -968,30 +968,3 @@ def run_distill(cfg: DistillConfig, *, callback=None) -> dict:
               f"{report['tokens']:,} tokens (teacher {report['teacher_ppl']:.2f}); "
               f"{tp:,.0f} tokens/s, peak memory {_human_bytes(report['peak_memory']['bytes'])}")
     return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tcal.distill [HYBRID_DIR] --teacher T --data POOL --tokens N --out DIR``."""
-    import argparse
-
-    from tcal.config import add_dataclass_args, from_args
-
-    p = argparse.ArgumentParser(prog="tcal distill", description="distil a hybrid against its teacher's logits")
-    p.add_argument("hybrid_dir", nargs="?", help="the hybrid directory (same as --hybrid)")
-    add_dataclass_args(p, DistillConfig)
-    ns = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = from_args(DistillConfig, ns, **({"hybrid": ns.hybrid_dir} if ns.hybrid_dir else {}))
-    try:
-        run_distill(cfg)
-    except TcalError as err:
-        print(f"tcal: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tcal: interrupted (rerun with --resume to continue from the last checkpoint)", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -452,28 +452,3 @@ def _report_markdown(cfg: RecoverConfig, summary: dict, table_md: str) -> str:
     lines += ["", "## Tokens to reach each target", "", table_md,
               "Curves: recovery.png; per run: <init>/curve.csv.", ""]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tcal.recover --teacher T --keep ... --inits copy,taylor --tokens N --data POOL --out DIR``."""
-    import argparse
-
-    from tcal.config import add_dataclass_args, from_args
-
-    p = argparse.ArgumentParser(prog="tcal recover", description="tokens of distillation each init needs")
-    add_dataclass_args(p, RecoverConfig)
-    ns = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        run_recover(from_args(RecoverConfig, ns))
-    except TcalError as err:
-        print(f"tcal: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tcal: interrupted (rerun with --resume to continue)", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
