@@ -121,6 +121,8 @@ def test_ablate_small(workspace):
     (["eval", "{ws}/teacher", "--data", "{ws}/empty.txt", "--window", "32", "--windows", "2"], "empty"),
     (["eval", "{ws}/teacher", "--data", "{ws}/eval.txt", "--window", "32", "--windows", "5000"], "tokens"),
     (["ablate", "--teacher", "{ws}/teacher", "--calib", "wiki", "--eval", "wiki:eval"], "overlaps"),
+    (["convert", "--teacher", "{ws}/teacher", "--calib", "wiki:eval", "--eval", "wiki:eval", "--out", "{ws}/x"],
+     "overlaps"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_output(workspace, capsys, argv, message):
     (workspace / "empty.txt").write_text("")

@@ -42,24 +42,18 @@ class AblateConfig:
     progress: bool = arg(True, "progress bars")
 
 
-def _check_disjoint(calib: str, eval_: str) -> None:
-    c, e = str(calib), str(eval_)
-    if c == e or (c.split(":")[0] == e.split(":")[0] and (":" not in c or ":" not in e)):
-        raise TcalError(f"calibration data {c!r} overlaps evaluation data {e!r}; use e.g. wiki:calib and wiki:eval")
-
-
 def run_ablate(cfg: AblateConfig) -> dict:
     import tcal
     from tcal.atomic import atomic_dir, write_json
     from tcal.cli import resolve_device
     from tcal.convert import calibration_ids, ensure_strategies
-    from tcal.data import token_windows
+    from tcal.data import check_disjoint, token_windows
     from tcal.evaluate import perplexity_report
     from tcal.select import SelectionConfig, select_layers
     from tcal.stats import collect_stats, save_stats
     from tcal.teachers import load_teacher
 
-    _check_disjoint(cfg.calib, cfg.eval)
+    check_disjoint(cfg.calib, cfg.eval, role="calibration")
     inits = [i.strip() for i in cfg.inits.split(",") if i.strip()]
     ensure_strategies()
     unknown = [i for i in inits if i not in tcal.INITS]

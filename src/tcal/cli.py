@@ -76,6 +76,10 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
     from tcal.atomic import atomic_dir, write_json
     from tcal.teachers import load_teacher
 
+    from tcal.data import check_disjoint
+
+    if cfg.eval.lower() != "none":
+        check_disjoint(cfg.calib, cfg.eval, role="calibration")
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)

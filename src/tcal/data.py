@@ -71,6 +71,22 @@ for _n, _d in _BASE_CORPORA.items():
     BUILTIN_CORPORA[f"{_n}:eval"] = _d + f", evaluation split (~{100 - CALIB_PERCENT} % of documents)"
 
 
+
+def check_disjoint(data, eval_spec, role: str = "training") -> None:
+    """Refuse ``data`` (calibration or training text) that shares text with ``eval_spec``.
+
+    Overlap: the same spec; the same corpus name where either side has no split (the whole
+    corpus); or the same built-in corpus where ``data`` is any split but ``:calib``.
+    """
+    if not isinstance(data, str) or not isinstance(eval_spec, str):
+        return
+    base, _, split = data.partition(":")
+    ebase, _, esplit = eval_spec.partition(":")
+    same_builtin = base == ebase and data in BUILTIN_CORPORA and eval_spec in BUILTIN_CORPORA
+    if data == eval_spec or (base == ebase and (not split or not esplit or (same_builtin and split != "calib"))):
+        raise TcalError(f"{role} data {data!r} overlaps the evaluation data {eval_spec!r} (it contains the "
+                        f"evaluation text); use {base}:calib, or a token pool for training")
+
 # --------------------------------------------------------------------------------------
 # cache and fetching
 # --------------------------------------------------------------------------------------

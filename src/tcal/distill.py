@@ -341,22 +341,6 @@ def eval_windows_for(data, tokenizer, window: int, windows: int, *, cache_dir=No
     return torch.from_numpy(ids), info["name"]
 
 
-def _check_disjoint(train_spec, eval_spec) -> None:
-    """Refuse to train on text that contains the evaluation split."""
-    from tcal.data import BUILTIN_CORPORA
-
-    if not isinstance(train_spec, str) or not isinstance(eval_spec, str):
-        return
-    if train_spec == eval_spec:
-        raise TcalError(f"training data and evaluation data are both {train_spec}; train on a pool or a :calib split")
-    if train_spec in BUILTIN_CORPORA and eval_spec in BUILTIN_CORPORA:
-        tb, _, ts = train_spec.partition(":")
-        eb, _, _ = eval_spec.partition(":")
-        if tb == eb and ts != "calib":
-            raise TcalError(f"training data {train_spec} contains the evaluation text {eval_spec}; "
-                            f"use {tb}:calib or a token pool")
-
-
 class WindowOrder:
     """Sample ``i`` -> window index: ``perm_e[i mod n]`` with ``perm_e = default_rng([seed, e]).permutation(n)``."""
 
@@ -946,7 +930,9 @@ def run_distill(cfg: DistillConfig, *, callback=None) -> dict:
             if same:
                 print(f"{cfg.out} is already finished; nothing to resume")
                 return done
-    _check_disjoint(cfg.data, cfg.eval)
+    from tcal.data import check_disjoint
+
+    check_disjoint(cfg.data, cfg.eval)
     device = _resolve_device(cfg.device)
     from tcal.cli import resolve_dtype
 

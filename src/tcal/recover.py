@@ -294,7 +294,8 @@ def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConf
 def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     """``tcal recover``: convert with each init, distil each the same way, tabulate tokens-to-target."""
     from tcal.cli import parse_keep, resolve_device, resolve_dtype
-    from tcal.distill import _check_config, _check_disjoint
+    from tcal.data import check_disjoint
+    from tcal.distill import _check_config
 
     _check_config(cfg, cfg.tokens)
     inits = _parse_inits(cfg.inits)
@@ -303,8 +304,8 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     keep = parse_keep(cfg.keep)
     if isinstance(keep, str):
         raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
-    _check_disjoint(cfg.data, cfg.eval)
-    _check_disjoint(cfg.calib, cfg.eval)
+    check_disjoint(cfg.data, cfg.eval)
+    check_disjoint(cfg.calib, cfg.eval, role="calibration")
     out = Path(cfg.out)
     work = partial_dir(out)
     if work.exists() and not cfg.resume:
