@@ -79,11 +79,8 @@ def main(argv=None):
     for k in [int(x) for x in args.ks.split(",")]:
         picks = {"uniform": uniform_layers(k, L), "ar": top_k(ar, k, largest=True), "ga": top_k(ga, k, largest=False)}
         for policy, keep in picks.items():
-            restore = assemble(teacher, keep, modules)
-            try:
-                value = ppl(teacher, heldout)
-            finally:
-                restore()
+            with assemble(teacher, keep, modules) as student:
+                value = ppl(student, heldout)
             rows.append({"K": k, "policy": policy, "layers": keep, "ppl": value})
             print(json.dumps(rows[-1]), flush=True)
     for name, scores in (("ar", ar), ("ga", ga)):

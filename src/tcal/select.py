@@ -13,6 +13,7 @@ corpus) and cached by (teacher, data, protocol, init).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -110,20 +111,20 @@ def gdn_for_every_layer(teacher, init: str, **init_kwargs) -> dict:
     return {0: first[0], **rest}
 
 
-@torch.no_grad()
+@contextlib.contextmanager
 def assemble(teacher, keep: list[int], modules: dict):
-    """Context manager-free helper: swap ``modules`` into every layer not in ``keep``; returns a restore fn."""
+    """Within the block, the teacher is the student keeping ``keep`` as attention and ``modules``
+    (layer -> GDN) everywhere else; its own attention modules are put back afterwards."""
     layers = teacher.model.layers
     originals = {i: layers[i].self_attn for i in range(len(layers))}
-    for j in range(len(layers)):
-        if j not in keep:
-            layers[j].self_attn = modules[j]
-
-    def restore():
+    try:
+        for j in range(len(layers)):
+            if j not in keep:
+                layers[j].self_attn = modules[j]
+        yield teacher
+    finally:
         for j, attn in originals.items():
             layers[j].self_attn = attn
-
-    return restore
 
 
 @torch.no_grad()
@@ -132,17 +133,10 @@ def ga_scores(teacher, windows: torch.Tensor, modules: dict, *, batch_size: int 
     """Held-out PPL of the student that keeps only layer i as attention, for every i."""
     from tqdm import tqdm
 
-    layers = teacher.model.layers
-    originals = {i: layers[i].self_attn for i in range(len(layers))}
     scores = []
-    try:
-        for i in tqdm(range(len(layers)), desc="ga: score one-attention students", disable=not progress):
-            for j in range(len(layers)):
-                layers[j].self_attn = originals[j] if j == i else modules[j]
-            scores.append(_ppl(teacher, windows, batch_size))
-    finally:
-        for j, attn in originals.items():
-            layers[j].self_attn = attn
+    for i in tqdm(range(len(teacher.model.layers)), desc="ga: score one-attention students", disable=not progress):
+        with assemble(teacher, [i], modules) as student:
+            scores.append(_ppl(student, windows, batch_size))
     return scores
 
 
