@@ -105,13 +105,13 @@ def convert(
     record: dict = {"init": init, "timings": {}}
     t0 = time.perf_counter()
     if isinstance(keep, str) or selection is not None:
-        from tcal.select import SelectionConfig, select_layers
+        from tcal.select import SelectionConfig, select_layers, selection_record
 
-        sel = select_layers(teacher, keep, tokenizer=tokenizer, cfg=selection or SelectionConfig(data=str(calib)),
-                            progress=progress)
+        # ga scores its one-attention students with the init being asked for
+        cfg = selection or SelectionConfig(data=str(calib), init=init)
+        sel = select_layers(teacher, keep, tokenizer=tokenizer, cfg=cfg, progress=progress)
         keep = sel.layers
-        record["selection"] = {"policy": sel.policy, "layers": sel.layers, "scores": sel.scores,
-                               "score_name": sel.score_name, "seconds": sel.seconds, "cached": sel.cached}
+        record["selection"] = selection_record(sel)
     record["timings"]["select_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
