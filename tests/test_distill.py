@@ -331,3 +331,19 @@ def test_configs_map_to_cli_flags():
     assert cfg.schedule == "constant" and cfg.inits == "copy,taylor" and cfg.calib == "wiki:calib"
     with pytest.raises(TcalError, match="contains the evaluation"):
         run_distill(DistillConfig(data="wiki", eval="wiki:eval", progress=False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_distill_on_cuda_bf16_trains_and_resumes(assets, tmp_path):
+    # The GPU path: bf16 autocast, GDN through fla or (where fla's backward is refused) chunked PyTorch.
+    out = tmp_path / "gpu"
+    rep = run_distill(make_cfg(assets, out, tokens=32 * TPS, eval_every=8 * TPS, schedule="constant",
+                               device="cuda", stop_after_tokens=16 * TPS))
+    assert rep["status"] == "paused"
+    rep = run_distill(make_cfg(assets, out, tokens=32 * TPS, eval_every=8 * TPS, schedule="constant",
+                               device="cuda", resume=True))
+    rows = read_curve(out / "curve.csv")
+    assert rep["status"] == "done" and rep["precision"] == "bf16 autocast" and rep["segments"] == 2
+    assert [r["step"] for r in rows] == [0, 8, 16, 24, 32]
+    assert rows[-1]["train_loss"] < 0.8 * rows[1]["train_loss"]
+    assert rep["peak_memory"]["kind"].startswith("cuda") and rep["peak_memory"]["bytes"] > 0

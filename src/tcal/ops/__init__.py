@@ -32,6 +32,7 @@ __all__ = [
     "gated_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "resolve_backend",
+    "set_compile",
 ]
 
 
@@ -83,6 +84,27 @@ def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad
     return backend
 
 
+_COMPILE = {"on": False}
+
+
+def set_compile(on: bool) -> None:
+    """Train through a ``torch.compile``d chunked path (measured 2.2x faster forward + backward on an
+    H200 at B=32 T=1024 H=9 D=64, bench/gdn_ops.py --impls chunk,compile). Only calls that need
+    gradients use it: training shapes are fixed, so it compiles once, while inference shapes vary
+    and would recompile. The environment variable TCAL_GDN_COMPILE=1/0 overrides this setting."""
+    _COMPILE["on"] = bool(on)
+
+
+def _compile_enabled() -> bool:
+    env = os.environ.get("TCAL_GDN_COMPILE")
+    return env not in ("0", "", "false") if env is not None else _COMPILE["on"]
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_chunk():
+    return torch.compile(chunk_gated_delta_rule_torch, dynamic=False)
+
+
 @functools.lru_cache(maxsize=1)
 def _warn_fla_backward():
     log.warning("fla's gated backward is unavailable here (Hopper + Triton < 3.7.1, fla #640): "
@@ -109,9 +131,16 @@ def gated_delta_rule(
     if kind == "naive":
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state)
     if kind == "chunk":
-        return chunk_gated_delta_rule_torch(
-            q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size=chunk_size
-        )
+        args = (q, k, v, g, beta, scale, initial_state, output_final_state)
+        if needs_grad and _compile_enabled():
+            try:
+                return _compiled_chunk()(*args, chunk_size=chunk_size)
+            except Exception as e:  # no C++ toolchain, an inductor bug: train on, uncompiled
+                log.warning("torch.compile of the chunked GDN path failed (%s: %s); running it uncompiled",
+                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                set_compile(False)
+                os.environ.pop("TCAL_GDN_COMPILE", None)
+        return chunk_gated_delta_rule_torch(*args, chunk_size=chunk_size)
     chunk_fn, recurrent_fn = _fla_ops()
     # fla wants q/k/v in one dtype and g/beta in fp32 or that dtype; the state stays fp32.
     fn = recurrent_fn if (q.shape[1] == 1 and not needs_grad) else chunk_fn

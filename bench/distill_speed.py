@@ -1,0 +1,103 @@
+"""Distillation throughput and peak memory of `tcal.distill` at a real model's shape.
+
+Random weights (speed does not depend on the values): a teacher built from a public config shape
+(tcal.shapes.SHAPES), the hybrid converted from it with init copy, and random token ids.
+Runs the real training loop (`tcal.distill.distill`: chunked KL, AdamW, autocast) for --steps
+steps and reports steady-state training tokens/s (steps after --warmup) and peak CUDA memory:
+
+    python bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 \
+        --seq-len 1024 --batch-size 32 --steps 8
+
+Use it before a long GPU run to size the token budget against the time you have.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import tcal
+from tcal.distill import DistillConfig, distill
+from tcal.select import parse_policy, uniform_layers
+from tcal.shapes import SHAPES
+
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    ap.add_argument("--keep", default="0,4,8,12,16,20,24,28", help="attention layers: a list or uniform:K")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--micro-batch", type=int, default=0)
+    ap.add_argument("--kl-chunk", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the steady-state rate")
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                    help="torch.compile the chunked GDN training path (tcal distill --compile)")
+    ap.add_argument("--layers", type=int, default=0, help="override the number of layers (CPU smoke runs)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    config = AutoConfig.for_model(**shape)
+    torch.manual_seed(0)
+    teacher = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    n = config.num_hidden_layers
+    pol = parse_policy(args.keep, n)
+    keep = [i for i in pol.layers if i < n] if pol.kind == "list" else uniform_layers(pol.k, n)
+    student = tcal.convert(teacher, keep=keep, init="copy")
+
+    tps = args.batch_size * args.seq_len
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, config.vocab_size, size=tps * (args.steps + 1), dtype=np.int64)
+    eval_ids = torch.from_numpy(rng.integers(0, config.vocab_size, size=(1, 64)))
+    stamps: list[float] = []
+
+    def on_step(step, tokens):
+        stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = DistillConfig(hybrid="-", teacher="-", data="random", tokens=tps * args.steps, out=f"{tmp}/run",
+                            seq_len=args.seq_len, batch_size=args.batch_size, micro_batch=args.micro_batch,
+                            kl_chunk=args.kl_chunk, gradient_checkpointing=args.gradient_checkpointing,
+                            compile=args.compile,
+                            eval_every=10 ** 15, eval_early=0, save_every=10 ** 15, device=args.device,
+                            progress=False, warmup=0)
+        report = distill(student, teacher, cfg, train_tokens=train, eval_ids=eval_ids, teacher_ppl=1.0,
+                         callback=on_step)
+    gaps = np.diff(stamps[args.warmup:]) if len(stamps) > args.warmup + 1 else np.diff(stamps)
+    step_s = statistics.median(gaps.tolist()) if len(gaps) else float("nan")
+    result = {
+        "shape": args.shape, "layers": n, "attention_layers": keep, "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "micro_batch": args.micro_batch or args.batch_size,
+        "gradient_checkpointing": args.gradient_checkpointing, "device": report["device"],
+        "precision": report["precision"], "gdn_compile": report["gdn_compile"], "trainable_params": report["trainable_params"],
+        "step_s_median": step_s, "tokens_per_s": tps / step_s,
+        "tokens_per_s_all_steps": report["train_tokens_per_s"], "peak_memory": report["peak_memory"],
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    b = report["peak_memory"].get("bytes")
+    mem = f"{b / 2 ** 30:.1f} GiB ({report['peak_memory']['kind']})" if b else "n/a"
+    print(f"{args.shape}: {len(keep)}/{n} attention, {args.batch_size}x{args.seq_len} tokens/step, "
+          f"{report['precision']} on {report['device']}, GDN compile {report['gdn_compile']}")
+    print(f"  step {step_s * 1000:.0f} ms (median after {args.warmup} warm-up steps) -> "
+          f"{tps / step_s:,.0f} training tokens/s; peak memory {mem}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

