@@ -25,9 +25,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import tcal
 from tcal.distill import DistillConfig, distill
-from tcal.select import parse_policy, uniform_layers
+from tcal.select import select_layers
 from tcal.shapes import SHAPES
-
 
 
 def main(argv=None) -> dict:
@@ -55,8 +54,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     teacher = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     n = config.num_hidden_layers
-    pol = parse_policy(args.keep, n)
-    keep = [i for i in pol.layers if i < n] if pol.kind == "list" else uniform_layers(pol.k, n)
+    keep = [i for i in select_layers(teacher, args.keep).layers if i < n]  # --layers may cut the list
     student = tcal.convert(teacher, keep=keep, init="copy")
 
     tps = args.batch_size * args.seq_len

@@ -20,8 +20,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import tcal
 from tcal import compat
-from tcal.select import parse_policy, uniform_layers
+from tcal.select import select_layers
 from tcal.shapes import SHAPES
+
 
 def sync(device):
     if device.type == "cuda":
@@ -93,8 +94,7 @@ def main(argv=None):
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
         teacher = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    pol = parse_policy(args.keep, cfg.num_hidden_layers)
-    keep = pol.layers if pol.kind == "list" else uniform_layers(pol.k, cfg.num_hidden_layers)
+    keep = select_layers(teacher, args.keep).layers
     hybrid = tcal.convert(teacher, keep=keep, init="copy").eval()
     rows = []
     for ctx in [int(c) for c in args.contexts.split(",")]:

@@ -707,7 +707,7 @@ def distill(
     n_trainable = sum(p.numel() for _, p in params)
     gdn_compile = _resolve_compile(cfg.compile, device)
     from tcal import ops
-    ops.set_compile(gdn_compile)
+    compile_before = ops.set_compile(gdn_compile)
     if cfg.gradient_checkpointing:
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = _optimizer(params, cfg)
@@ -830,7 +830,7 @@ def distill(
                 callback(step, step * tps)
     finally:
         bar.close()
-        ops.set_compile(False)  # a process-wide switch: leave it as found
+        ops.set_compile(compile_before)  # a process-wide switch: leave it as found
     student.eval()
 
     mem = peak_memory(device)
