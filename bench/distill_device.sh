@@ -6,11 +6,11 @@
 #
 # Staging (teacher, corpus, token pool, wheels): scripts/device_stage.sh here, then the `stage` step of
 # scripts/device_session.sh on the device; that script's `recover` step calls this one:
-#   bash bench/distill_device.sh [--tokens N] [--data POOL] [--minutes 8] [--inits copy,taylor] [tcal recover flags]
+#   bash bench/distill_device.sh [--tokens N] [--data POOL] [--minutes 6.5] [--inits copy,taylor] [tcal recover flags]
 # A call stops itself after --minutes (checkpoint in $RUN.partial/); call again until it prints "wrote".
 # Results (tables, plot, curves, reports; no weights) go to $OUT/recover.tgz each call.
 set -euo pipefail
-TOKENS=20000000 DATA=/tmp/tcal-stage/pool MINUTES=8 INITS=copy,taylor RUN=/tmp/tcal-runs/recover-smollm2
+TOKENS=20000000 DATA=/tmp/tcal-stage/pool MINUTES=6.5 INITS=copy,taylor RUN=/tmp/tcal-runs/recover-smollm2
 while [ $# -gt 0 ]; do
   case $1 in
     --tokens) TOKENS=$2; shift 2 ;;

@@ -77,6 +77,42 @@ def measure(model, ctx, decode_tokens, reps, device, vocab):
     }
 
 
+@torch.no_grad()
+def profile(model, ctx, device, vocab, top=12) -> dict:
+    """One prefill and one decode step under torch.profiler: wall time vs GPU kernel time.
+
+    Kernel time well below wall time means the forward is bound by the host (Python and kernel
+    launches), not by the GPU; the top host-side ops say where that time goes.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    ids = torch.randint(0, vocab, (1, ctx), device=device)
+    out = model(ids, use_cache=True, logits_to_keep=1)  # warm-up at this shape
+    cache, tok = getattr(out, compat.CACHE_KWARG), out.logits[:, -1:].argmax(-1)
+    model(tok, use_cache=True, **{compat.CACHE_KWARG: cache})
+    res = {}
+    for phase in ("prefill", "decode"):
+        if phase == "prefill":
+            step = lambda: model(ids, use_cache=True, logits_to_keep=1)  # noqa: E731
+        else:
+            step = lambda: model(tok, use_cache=True, **{compat.CACHE_KWARG: cache})  # noqa: E731
+        sync(device)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            wall = time.perf_counter() - t0
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+        res[phase] = {"wall_ms": wall * 1e3, "gpu_kernel_ms": kernel_us / 1e3, "kernel_launches": launches}
+        print(f"--- {phase} ctx={ctx}: wall {wall * 1e3:.1f} ms (profiled), GPU kernels {kernel_us / 1e3:.1f} ms, "
+              f"{launches} launches")
+        print(events.table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=60))
+    return res
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
@@ -87,8 +123,15 @@ def main(argv=None):
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json")
+    p.add_argument("--cudnn-sdpa", action="store_true",
+                   help="allow PyTorch's cuDNN SDPA backend (off by default: on torch 2.11 + H200 it rebuilds a "
+                        "cuDNN graph for every decode step, ~1.6 ms per attention call, which swamps decode)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one prefill and one decode step per model at the first context")
     args = p.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if device.type == "cuda" and not args.cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)  # flash / memory-efficient SDPA for teacher and hybrid alike
     shape = dict(SHAPES[args.shape])
     cfg = AutoConfig.for_model(shape.pop("model_type"), **shape)
     cfg._attn_implementation = "sdpa"
@@ -97,6 +140,10 @@ def main(argv=None):
     keep = select_layers(teacher, args.keep).layers
     hybrid = tcal.convert(teacher, keep=keep, init="copy").eval()
     rows = []
+    if args.profile:
+        ctx = int(args.contexts.split(",")[0])
+        prof = {name: profile(m, ctx, device, cfg.vocab_size) for name, m in (("teacher", teacher), ("hybrid", hybrid))}
+        rows.append({"profile": prof, "context": ctx})
     for ctx in [int(c) for c in args.contexts.split(",")]:
         for name, model in (("teacher", teacher), ("hybrid", hybrid)):
             try:
@@ -110,6 +157,8 @@ def main(argv=None):
           f"({len(keep)}/{cfg.num_hidden_layers})")
     print(f"{'context':>8} {'model':8} {'prefill tok/s':>14} {'peak GB':>8} {'cache MB':>9} {'decode tok/s':>13}")
     for r in rows:
+        if "profile" in r:
+            continue
         if "error" in r:
             print(f"{r['context']:>8} {r['model']:8} {r['error']}")
             continue
@@ -118,7 +167,7 @@ def main(argv=None):
               f"{r['decode_tok_s']:>13.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"shape": args.shape, "keep": keep, "rows": rows}, f, indent=2)
+            json.dump({"shape": args.shape, "keep": keep, "cudnn_sdpa": args.cudnn_sdpa, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b} and .whl).
 # Then device calls on one warm machine (it is given back 30 s after a call: call again at once):
-#   A: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage check speed distill-speed
-#   B: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage select-timing recover
+#   A: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage distill-speed   (~3 min)
+#   B: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage recover
 #   C...: no carry                     command: bash scripts/device_session.sh recover   (until it prints "wrote")
+# The 20M-token copy vs taylor run took calls B and C (about 19 device-minutes); check, speed and
+# select-timing fit around it in a fresh session, not in the same one.
 # Results land in $OUT (fetched back by the device tool). Steps:
 #   stage          unpack what was carried; install the wheels; join + check the GGUF once both halves are in
 #   check          CUDA tests: fla vs the fp32 loop, chunked PyTorch on CUDA with gradients, distill on CUDA;
@@ -62,8 +64,10 @@ for step in "$@"; do
     select-timing)
       python3 bench/select_policies.py --device cuda --ks 8,15 --init taylor-exact-silent --out "$OUT/select" | tail -12 ;;
     recover)
+      # 6.5 minutes leaves room inside a 10-minute call for what --max-minutes cannot pause: loading the
+      # teacher, a taylor conversion (146 s for 22 layers on the H200), the last checkpoint and the archive.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
-        --minutes "${RECOVER_MINUTES:-8}" --inits "${INITS:-copy,taylor}" ;;
+        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

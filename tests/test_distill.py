@@ -18,7 +18,7 @@ from tcal.distill import (
     lr_at, partial_dir, read_curve, run_distill,
 )
 from tcal.errors import TcalError
-from tcal.recover import RecoverConfig, run_recover, table_markdown, target_table, tokens_to_target
+from tcal.recover import RecoverConfig, replot, run_recover, table_markdown, target_table, tokens_to_target
 
 VOCAB = 97
 SEQ, BATCH = 16, 4
@@ -316,6 +316,10 @@ def test_recover_end_to_end(assets, tmp_path):
     table = json.loads((out / "recovery.json").read_text())["table"]
     assert [t["name"] for t in table["targets"]][-1] == "copy final PPL"
     assert "taylor" in table["targets"][0]["ratio"]
+    (out / "recovery.png").unlink()  # the results on disk are enough to redraw the plot
+    assert replot(out) == str(out / "recovery.png") and (out / "recovery.png").stat().st_size > 0
+    with pytest.raises(TcalError, match="recovery.json not found"):
+        replot(tmp_path)
 
 
 def test_configs_map_to_cli_flags():

@@ -50,7 +50,7 @@ from tcal.errors import TcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RecoverConfig", "TARGET_FACTORS", "plot_recovery", "run_recover", "target_table", "table_markdown",
+__all__ = ["RecoverConfig", "TARGET_FACTORS", "plot_recovery", "replot", "run_recover", "target_table", "table_markdown",
            "tokens_to_target"]
 
 TARGET_FACTORS = (1.1, 1.2, 1.5, 2.0)
@@ -184,6 +184,8 @@ def table_markdown(table: dict) -> str:
 
 
 def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None = None, title: str = "") -> str | None:
+    """Left: whole curves, log PPL. Right: linear zoom on the targets, each marked where a run first
+    reaches it (a run that copy-init starts thousands of PPL above would flatten the targets otherwise)."""
     try:
         import matplotlib
 
@@ -192,27 +194,56 @@ def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None 
     except Exception as e:  # pragma: no cover
         log.warning("no plot (%s)", e)
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = {}
     for init, curve in curves.items():
         pts = _points(curve)
-        ax.plot([t for t, _ in pts], [p for _, p in pts], "o-", ms=3, label=init)
-    ax.axhline(teacher_ppl, color="k", lw=1.2, label=f"teacher {teacher_ppl:.2f}")
-    if table is not None:
-        for row in table["targets"]:
+        xs, ys = [t / 1e6 for t, _ in pts], [p for _, p in pts]
+        (line,) = full.plot(xs, ys, "o-", ms=3, label=init)
+        zoom.plot(xs, ys, "o-", ms=3, label=init, color=line.get_color())
+        colors[init] = line.get_color()
+    targets = table["targets"] if table is not None else []
+    for ax in (full, zoom):
+        ax.axhline(teacher_ppl, color="k", lw=1.2, label=f"teacher {teacher_ppl:.2f}")
+        for row in targets:
             ax.axhline(row["ppl"], color="gray", lw=0.6, ls=":")
-            ax.annotate(row["name"], (0, row["ppl"]), xycoords=("axes fraction", "data"), fontsize=7,
-                        color="gray", va="bottom")
-    ax.set_yscale("log")
-    ax.set_xlabel("distillation tokens")
-    ax.set_ylabel("held-out PPL")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+        ax.set_xlabel("distillation tokens (millions)")
+        ax.grid(True, which="both", alpha=0.3)
+    full.set_yscale("log")
+    full.set_ylabel("held-out PPL")
+    full.set_title("all evaluations (log scale)", fontsize=10)
+    # Zoom: from just under the teacher to a little above the highest target.
+    top = max([teacher_ppl * 2.2] + [row["ppl"] * 1.15 for row in targets])
+    zoom.set_ylim(teacher_ppl * 0.95, top)
+    for row in targets:
+        zoom.annotate(f"{row['name']} ({row['ppl']:.1f})", (1.0, row["ppl"]), xycoords=("axes fraction", "data"),
+                      xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="gray")
+        for init, hit in row["runs"].items():
+            if hit.get("reached") and init in colors:
+                zoom.plot([hit["tokens"] / 1e6], [row["ppl"]], marker="v", ms=7, color=colors[init], ls="none")
+    zoom.set_title("zoom on the targets (first point at or below each target: \u25bc)", fontsize=10)
+    zoom.legend(loc="lower left", bbox_to_anchor=(0.0, 0.08), fontsize=8)  # below the targets, above the teacher
     if title:
-        ax.set_title(title)
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return str(path)
+
+
+def replot(run_dir) -> str | None:
+    """Redraw ``recovery.png`` of a finished ``tcal recover`` directory from its JSON and curves."""
+    from tcal.distill import read_curve
+
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "recovery.json"
+    if not summary_path.is_file():
+        raise TcalError(f"{summary_path} not found: pass the output directory of a finished `tcal recover`")
+    summary = json.loads(summary_path.read_text())
+    curves = {init: read_curve(run_dir / init / "curve.csv") for init in summary["inits"]}
+    keep = ",".join(str(i) for i in summary["keep"])
+    return plot_recovery(curves, summary["teacher_ppl"], run_dir / "recovery.png", table=summary["table"],
+                         title=f"{summary['teacher']}, attention kept at {keep}")
 
 
 # ---------------------------------------------------------------------------------------------
