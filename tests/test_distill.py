@@ -322,6 +322,37 @@ def test_recover_end_to_end(assets, tmp_path):
         replot(tmp_path)
 
 
+def test_recover_resume_reuses_the_saved_conversion(assets, tmp_path, monkeypatch):
+    import tcal.recover as rec
+
+    def cfg_for(out):
+        return RecoverConfig(teacher=str(assets / "teacher"), keep="0,2", inits="taylor", tokens=2 * TPS,
+                             data=str(assets / "train.npy"), out=str(out), calib=str(assets / "train.npy"),
+                             calib_window=16, calib_windows=4, align_steps=3, eval=str(assets / "eval.npy"),
+                             eval_window=32, eval_windows=2, seq_len=SEQ, batch_size=BATCH, eval_every=TPS,
+                             kl_chunk=32, progress=False)
+
+    whole = run_recover(cfg_for(tmp_path / "whole"))
+    out = tmp_path / "killed"
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed before the first checkpoint")
+
+    real_distill = rec.distill
+    monkeypatch.setattr(rec, "distill", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_recover(cfg_for(out))
+    assert (partial_dir(out) / "taylor.converted" / "model.safetensors").is_file()
+    monkeypatch.setattr(rec, "distill", real_distill)
+    monkeypatch.setattr(rec, "convert_with", lambda *a, **k: pytest.fail("calibrated again on resume"))
+    cfg = cfg_for(out)
+    cfg.resume = True
+    resumed = run_recover(cfg)
+    assert resumed["status"] == "done" and not (out / "taylor.converted").exists()
+    for key in ("zero_shot_ppl", "final_ppl"):  # the saved conversion is the same model, trained the same way
+        assert resumed["runs"]["taylor"][key] == pytest.approx(whole["runs"]["taylor"][key], rel=1e-5)
+
+
 def test_configs_map_to_cli_flags():
     p = argparse.ArgumentParser()
     add_dataclass_args(p, DistillConfig)

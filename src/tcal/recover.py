@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 import math
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +39,8 @@ from tcal.distill import (
     SCHEDULES,
     DistillConfig,
     TrainOptions,
+    _load_model,
+    _save_model,
     distill,
     eval_windows_for,
     finished_report,
@@ -390,7 +393,14 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
             print(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work})",
                   file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work)}
-        if not has_checkpoint(run_dir):
+        # The init's weights before training: a call killed between conversion and the first checkpoint
+        # (a long calibration, then the first compiled step) does not calibrate again on resume.
+        converted = work / f"{init}.converted"
+        if not has_checkpoint(run_dir) and converted.is_dir() and (work / f"{init}.init.json").is_file():
+            student = _load_model(converted)
+            info = json.loads((work / f"{init}.init.json").read_text())
+            print(f"{init}: converted earlier, loaded from {converted}")
+        elif not has_checkpoint(run_dir):
             fn = _init_fn(init)
             needs_calib = "calib_ids" in inspect.signature(fn).parameters
             if needs_calib and calib_ids is None:
@@ -406,7 +416,12 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
                     "calib": None if not needs_calib else {"data": cfg.calib, "window": cfg.calib_window,
                                                            "windows": cfg.calib_windows},
                     "init_report": _jsonable(init_report)}
-            write_json(work / f"{init}.init.json", info)
+            tmp = work / f"{init}.converted.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            _save_model(student, tmp)
+            shutil.rmtree(converted, ignore_errors=True)
+            tmp.rename(converted)
+            write_json(work / f"{init}.init.json", info)  # last: it marks the saved conversion complete
             print(f"{init}: converted in {info['convert_s']:.1f} s")
         elif (work / f"{init}.init.json").is_file():
             info = json.loads((work / f"{init}.init.json").read_text())
@@ -421,6 +436,7 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
         if report["status"] != "done":
             print(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work)}
+        shutil.rmtree(converted, ignore_errors=True)  # the run's own output now holds the trained weights
         reports[init] = report
         init_info[init] = info
         print(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
