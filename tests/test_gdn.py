@@ -41,7 +41,7 @@ def test_left_padding_matches_unpadded(conv, backend):
     mask = torch.ones(2, 23, dtype=torch.long)
     mask[1, :8] = 0
     with torch.no_grad():
-        y, _ = gdn(padded, tcal_padding_mask=mask)
+        y, _ = gdn(padded, tcal_keep=mask.float())
         y0, _ = gdn(x[:1])
         y1, _ = gdn(padded[1:, 8:])
     torch.testing.assert_close(y[0], y0[0], rtol=1e-5, atol=1e-5)

@@ -106,6 +106,24 @@ def test_left_padded_batch_matches_single_sequences():
     torch.testing.assert_close(batch[1, 5:], single[0], rtol=1e-4, atol=1e-4)
 
 
+def test_padding_reaches_gdn_layers_only_when_something_is_padded():
+    # An all-ones mask (what generate() passes) must not reach the GDN layers: checking it there cost
+    # a GPU->host sync per layer per token.
+    hybrid = tcal.convert(tiny_teacher("llama"), keep=KEEP, init="copy")
+    gdn = next(m for m in hybrid.modules() if isinstance(m, tcal.gdn.GatedDeltaNet))
+    seen = []
+    gdn.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs.get("tcal_keep")), with_kwargs=True)
+    x = ids(B=2, T=8)
+    mask = torch.ones_like(x)
+    with torch.no_grad():
+        hybrid.generate(x, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        assert seen and all(k is None for k in seen)
+        mask[1, :3] = 0
+        seen.clear()
+        hybrid(x, attention_mask=mask)
+    assert torch.equal(seen[0], mask.float())
+
+
 def test_save_load_roundtrip_bit_exact(tmp_path, family):
     hybrid = tcal.convert(tiny_teacher(family), keep=KEEP, init="copy", use_short_conv=True)
     hybrid.save_pretrained(tmp_path / "h")

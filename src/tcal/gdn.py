@@ -184,11 +184,7 @@ class GatedDeltaNet(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         cache = compat.cache_from_kwargs(kwargs)
-        T = hidden_states.shape[1]
-        padding = kwargs.get("tcal_padding_mask")  # (B, past + T) of 1/0, set by HybridForCausalLM
-        keep = None
-        if padding is not None and not bool(padding[:, -T:].all()):
-            keep = padding[:, -T:].to(torch.float32)
+        keep = kwargs.get("tcal_keep")  # (B, T) fp32, 0 at padded positions; set by HybridForCausalLM
         conv_state, state = compat.get_gdn_state(cache, self.layer_idx) if cache is not None else (None, None)
         o, state, conv_state = self.recurrent(
             hidden_states, keep, state, conv_state, output_final_state=cache is not None

@@ -169,7 +169,12 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         if use_cache and cache is None:
             cache = compat.make_cache(self.config)
         if attention_mask is not None and attention_mask.dim() == 2:
-            kwargs["tcal_padding_mask"] = attention_mask
+            T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            new = attention_mask[:, -T:]
+            # Decided once per forward: a check inside each GDN layer was a GPU->host sync per layer
+            # per generated token. generate() passes an all-ones mask when nothing is padded.
+            if not bool(new.all()):
+                kwargs["tcal_keep"] = new.to(torch.float32)  # (B, T): 0 at padded positions
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             inputs_embeds=inputs_embeds, use_cache=use_cache, **{compat.CACHE_KWARG: cache}, **kwargs,

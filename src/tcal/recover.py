@@ -53,8 +53,16 @@ from tcal.errors import TcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RecoverConfig", "TARGET_FACTORS", "plot_recovery", "replot", "run_recover", "target_table", "table_markdown",
-           "tokens_to_target"]
+__all__ = [
+    "TARGET_FACTORS",
+    "RecoverConfig",
+    "plot_recovery",
+    "replot",
+    "run_recover",
+    "table_markdown",
+    "target_table",
+    "tokens_to_target",
+]
 
 TARGET_FACTORS = (1.1, 1.2, 1.5, 2.0)
 BASELINE = "copy"
