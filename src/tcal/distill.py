@@ -134,6 +134,12 @@ class DistillConfig(TrainOptions):
 _RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "compile"}
 
 
+def changed_settings(saved: dict, now: dict, free=_RESUME_FREE) -> list[str]:
+    """The settings, other than ``free`` ones, whose values differ between a saved run and now."""
+    keys = (set(saved) | set(now)) - set(free)
+    return sorted(k for k in keys if saved.get(k) != now.get(k))
+
+
 def _check_config(cfg: TrainOptions, tokens: int) -> None:
     if tokens < 1:
         raise TcalError(f"--tokens must be positive, got {tokens}")
@@ -299,8 +305,7 @@ def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarr
     if _is_pool(path):
         from tcal import pool
 
-        loaded = pool.load_pool(path)
-        arr = loaded[0] if isinstance(loaded, tuple) else loaded  # (tokens, manifest) in some versions
+        arr = pool.load_pool(path)
         manifest = pool.read_manifest(path)
         if tokenizer is not None:
             from tcal.data import tokenizer_id
@@ -675,9 +680,7 @@ def distill(
     resume_state = None
     if ckpt is not None:
         resume_state = json.loads((ckpt / "resume" / "state.json").read_text())
-        saved = {k: v for k, v in resume_state["config"].items() if k not in _RESUME_FREE}
-        now = {k: v for k, v in _config_dict(cfg).items() if k not in _RESUME_FREE}
-        diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        diff = changed_settings(resume_state["config"], _config_dict(cfg))
         if diff:
             raise TcalError(f"cannot resume {partial}: settings changed ({', '.join(diff)}); "
                             "resume with the same settings or delete the partial directory")
@@ -942,9 +945,7 @@ def run_distill(cfg: DistillConfig, *, callback=None) -> dict:
     if cfg.resume:
         done = finished_report(cfg.out)
         if done is not None and not partial_dir(cfg.out).exists():
-            same = {k: v for k, v in done.get("config", {}).items() if k not in _RESUME_FREE} == {
-                k: v for k, v in _config_dict(cfg).items() if k not in _RESUME_FREE}
-            if same:
+            if not changed_settings(done.get("config", {}), _config_dict(cfg)):
                 print(f"{cfg.out} is already finished; nothing to resume")
                 return done
     from tcal.data import check_disjoint

@@ -41,6 +41,7 @@ from tcal.distill import (
     TrainOptions,
     _load_model,
     _save_model,
+    changed_settings,
     distill,
     eval_windows_for,
     finished_report,
@@ -355,8 +356,9 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     if work.exists():
         saved_file = work / "recover_config.json"
         saved = json.loads(saved_file.read_text()) if saved_file.is_file() else {}
-        free = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device"}
-        diff = sorted(k for k, v in dataclasses.asdict(cfg).items() if k not in free and saved.get(k) != v)
+        # Unlike distill, a change of --compile is refused here too.
+        diff = changed_settings(saved, dataclasses.asdict(cfg),
+                                free={"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device"})
         if saved and diff:
             raise TcalError(f"cannot resume {work}: settings changed ({', '.join(diff)}); use the same settings")
     work.mkdir(parents=True, exist_ok=True)
