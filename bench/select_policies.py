@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tcal.align import AlignConfig
-from tcal.convert import calibration_ids
+from tcal.convert import UNCALIBRATED, calibration_ids
 from tcal.data import token_windows
 from tcal.evaluate import window_nll
 from tcal.select import (
@@ -66,7 +66,7 @@ def main(argv=None):
     ar = ar_scores(teacher, val)
     timings["ar_scores_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    kw = {} if args.init in ("copy", "zero-gate") else {
+    kw = {} if args.init in UNCALIBRATED else {
         "calib_ids": calib, "align": AlignConfig(steps=args.align_steps), "progress": True}
     modules = gdn_for_every_layer(teacher, args.init, **kw)
     timings["init_every_layer_s"] = time.perf_counter() - t0

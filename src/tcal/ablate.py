@@ -84,11 +84,12 @@ def run_ablate(cfg: AblateConfig) -> dict:
     stats_s = time.perf_counter() - t0
 
     from tcal.align import AlignConfig
+    from tcal.convert import UNCALIBRATED
 
     rows = []
     for init in inits:
         log.info("init %s", init)
-        options = {} if init in ("copy", "zero-gate") else {
+        options = {} if init in UNCALIBRATED else {
             "calib_ids": calib_ids, "stats": stats, "align": AlignConfig(steps=cfg.align_steps),
             "progress": cfg.progress}
         t0 = time.perf_counter()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tcal.calibrate import output_fit, split_calibration
+from tcal.calibrate import gdn_device_dtype, layer_output, output_fit, split_calibration
 from tcal.errors import TcalError
 from tcal.gdn import GatedDeltaNet
 from tcal.stats import LayerIO
@@ -81,16 +81,6 @@ def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[tor
     return qkv, gate, frozen
 
 
-def _device_dtype(gdn: GatedDeltaNet) -> tuple[torch.device, torch.dtype]:
-    p = gdn.q_proj.weight
-    return p.device, p.dtype
-
-
-@torch.no_grad()
-def _predict(gdn: GatedDeltaNet, x: torch.Tensor, batch: int = 8) -> torch.Tensor:
-    return torch.cat([gdn(x[s : s + batch])[0].float() for s in range(0, x.shape[0], batch)])
-
-
 def _finite(params: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in params)
 
@@ -106,7 +96,7 @@ def align_layer(
     """Phase 2 on one layer, in place; returns its record (loss curve, held-out fit before/after, best step...)."""
     t0 = time.perf_counter()
     layer = gdn.layer_idx if layer is None else layer
-    dev, dt = _device_dtype(gdn)
+    dev, dt = gdn_device_dtype(gdn)
     x, y = train.x.to(dev, dt), train.out.to(dev).float()
     has_held = heldout is not None and heldout.x.shape[0] > 0
     if has_held:
@@ -130,9 +120,9 @@ def align_layer(
                 p.copy_(s)
 
     def held_fit():  # (None, None) without a held-out slice: the record stays valid JSON
-        return output_fit(_predict(gdn, hx), hy) if has_held else (None, None)
+        return output_fit(layer_output(gdn, hx), hy) if has_held else (None, None)
 
-    train_before = output_fit(_predict(gdn, x), y)
+    train_before = output_fit(layer_output(gdn, x), y)
     held_before = held_fit()
     best_score = held_before[0] if has_held else math.inf
     best_state, best_step = snapshot(), 0
@@ -205,7 +195,7 @@ def align_layer(
         restore(best_state)
         for p in gdn.parameters():
             p.requires_grad_(saved_flags[id(p)])
-    train_after = output_fit(_predict(gdn, x), y)
+    train_after = output_fit(layer_output(gdn, x), y)
     held_after = held_fit()
     return {
         "layer": layer,

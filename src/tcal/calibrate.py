@@ -317,7 +317,7 @@ class Phase1Options:
         return opts
 
 
-def _gdn_device_dtype(gdn: GatedDeltaNet) -> tuple[torch.device, torch.dtype]:
+def gdn_device_dtype(gdn: GatedDeltaNet) -> tuple[torch.device, torch.dtype]:
     p = gdn.q_proj.weight
     return p.device, p.dtype
 
@@ -325,7 +325,7 @@ def _gdn_device_dtype(gdn: GatedDeltaNet) -> tuple[torch.device, torch.dtype]:
 @torch.no_grad()
 def _recurrent_output(gdn: GatedDeltaNet, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     """The layer's per-head recurrent output o (N, T, H, d), fp32, computed in batches of sequences."""
-    dev, dt = _gdn_device_dtype(gdn)
+    dev, dt = gdn_device_dtype(gdn)
     outs = []
     for s in range(0, x.shape[0], batch_size):
         o, _, _ = gdn.recurrent(x[s : s + batch_size].to(dev, dt))
@@ -341,7 +341,7 @@ def _normed(gdn: GatedDeltaNet, o: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def layer_output(gdn: GatedDeltaNet, x: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
-    dev, dt = _gdn_device_dtype(gdn)
+    dev, dt = gdn_device_dtype(gdn)
     return torch.cat([gdn(x[s : s + batch_size].to(dev, dt))[0].float() for s in range(0, x.shape[0], batch_size)])
 
 
@@ -365,7 +365,7 @@ def _fit_output_path(gdn, x, io, pre, ref_alpha, opts, rec) -> tuple[float, torc
     """Step 4 by least squares in output space: picks the gate scale (ols_gate), the per-head scale
     (sigma_where o_proj / g_proj) and o_norm.weight (fit_norm); sets W_o / o_norm, returns (alpha, head_scale)."""
     H, d = gdn.num_heads, gdn.head_dim
-    dev, dt = _gdn_device_dtype(gdn)
+    dev, dt = gdn_device_dtype(gdn)
     n = _normed(gdn, _recurrent_output(gdn, x, opts.batch_size))
     r = io.out.to(dev).float()
     if gdn.o_proj.bias is not None:
@@ -440,7 +440,7 @@ def calibrate_layer(gdn: GatedDeltaNet, stats: LayerStats, io: LayerIO, opts: Ph
         )
     if io.ctx is None:
         raise TcalError("Phase 1 needs the teacher's per-head attention output (capture with with_ctx=True)")
-    dev, dt = _gdn_device_dtype(gdn)
+    dev, dt = gdn_device_dtype(gdn)
     x = io.x.to(dev)
     xf = x.float()
     rec: dict = {"layer": stats.layer}
@@ -539,7 +539,7 @@ def apply_phase1(
         stats = collect_stats(teacher, calib_ids, layers, batch_size=batch_size, progress=progress)
     _check_stats(stats, layers)
     if captured is None:
-        dev = _gdn_device_dtype(gdns[layers[0]])[0]
+        dev = gdn_device_dtype(gdns[layers[0]])[0]
         captured = capture_teacher_io(teacher, calib_ids, layers, batch_size=batch_size, device=dev, progress=progress)
     records = {}
     it = layers
@@ -585,7 +585,7 @@ def _calib(calib_ids) -> torch.Tensor:
 
 def _capture_all(hybrid, teacher, calib_ids, batch_size, progress, with_ctx=True):
     gdns = hybrid.gdn_modules()
-    dev = _gdn_device_dtype(next(iter(gdns.values())))[0]
+    dev = gdn_device_dtype(next(iter(gdns.values())))[0]
     return capture_teacher_io(teacher, calib_ids, sorted(gdns), batch_size=batch_size, with_ctx=with_ctx,
                               device=dev, progress=progress)
 

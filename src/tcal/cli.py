@@ -86,7 +86,9 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
     extra, stats = {}, None
-    if cfg.init not in ("copy", "zero-gate"):
+    from tcal.convert import UNCALIBRATED
+
+    if cfg.init not in UNCALIBRATED:
         from tcal.align import AlignConfig
         from tcal.convert import calibration_ids
         from tcal.stats import collect_stats
@@ -106,10 +108,12 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
               "calibration": record.get("calibration")}
     if cfg.eval.lower() != "none":
+        from tcal.data import as_corpus
         from tcal.evaluate import perplexity_report
 
+        corpus = as_corpus(cfg.eval)  # read once for both models
         report["eval"] = {
-            name: perplexity_report(model, tokenizer, cfg.eval, window=cfg.eval_window, windows=cfg.eval_windows)
+            name: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows)
             for name, model in (("teacher", teacher), ("hybrid", hybrid))
         }
     with atomic_dir(cfg.out) as tmp, torch.no_grad():
