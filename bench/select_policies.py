@@ -25,8 +25,16 @@ from tcal.convert import UNCALIBRATED, calibration_ids
 from tcal.data import token_windows
 from tcal.evaluate import window_nll
 from tcal.select import (
-    SelectionConfig, Selection, ar_scores, assemble, ga_scores, gdn_for_every_layer, plot_selection, top_k,
-    uniform_layers, validation_windows,
+    Selection,
+    SelectionConfig,
+    ar_scores,
+    assemble,
+    ga_scores,
+    gdn_for_every_layer,
+    plot_selection,
+    top_k,
+    uniform_layers,
+    validation_windows,
 )
 from tcal.teachers import load_teacher
 

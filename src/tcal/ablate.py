@@ -7,13 +7,10 @@ says which is which. Teacher statistics are collected once and shared by every c
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
 
 from tcal.config import arg
 from tcal.errors import TcalError
@@ -207,6 +204,3 @@ def plot_ablation(res: dict, path) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
-
-def load_result(path) -> dict:
-    return json.loads((Path(path) / "ablation.json").read_text())

@@ -74,9 +74,8 @@ def cmd_convert(cfg: ConvertConfig) -> Path:
 
     import tcal
     from tcal.atomic import atomic_dir, write_json
-    from tcal.teachers import load_teacher
-
     from tcal.data import check_disjoint
+    from tcal.teachers import load_teacher
 
     if cfg.eval.lower() != "none":
         check_disjoint(cfg.calib, cfg.eval, role="calibration")

@@ -117,6 +117,14 @@ def say(msg: str) -> None:
         print(f"tcal: {msg}", file=sys.stderr)
 
 
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(chunk), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
 def make_temp_dir(parent: Path, prefix: str) -> Path:
     """A temp dir beside its final place (same filesystem, so os.replace is atomic), with the
     usual permissions (mkdtemp makes it 0700, which would stay after the rename)."""
@@ -503,19 +511,6 @@ def as_corpus(data, *, cache_dir=None) -> Corpus:
     if any(c.isspace() for c in data) and not (is_short_line and data.strip().lower().endswith(CORPUS_SUFFIXES)):
         return text_corpus(data)
     return load_corpus(data, cache_dir=cache_dir)
-
-
-def data_name(data) -> str:
-    """A short printable name for a ``data`` argument (for reports), without loading it."""
-    if isinstance(data, Corpus):
-        return data.name
-    if isinstance(data, os.PathLike):
-        return os.fspath(data)
-    if isinstance(data, str):
-        if data in BUILTIN_CORPORA or not any(c.isspace() for c in data):
-            return data
-        return text_corpus(data[5:] if data.startswith("text:") else data).name
-    return type(data).__name__
 
 
 # --------------------------------------------------------------------------------------

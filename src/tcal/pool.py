@@ -38,6 +38,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from tcal.atomic import publish_dir
 from tcal.data import (
     BUILTIN_CORPORA,
     builtin_documents,
@@ -47,9 +48,9 @@ from tcal.data import (
     make_temp_dir,
     say,
     separator_id,
+    sha256_file,
     tokenizer_id,
 )
-from tcal.atomic import publish_dir
 from tcal.errors import TcalError
 
 POOL_FORMAT = "tcal-pool-v1"
@@ -449,11 +450,7 @@ def load_pool(path, *, verify: bool = False) -> np.ndarray:
         if not f.is_file() or f.stat().st_size != part["tokens"] * dtype.itemsize:
             raise TcalError(f"pool part {f} is missing or has the wrong size; rebuild the pool")
         if verify:
-            h = hashlib.sha256()
-            with open(f, "rb") as fh:
-                for b in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(b)
-            if h.hexdigest() != part["sha256"]:
+            if sha256_file(f) != part["sha256"]:
                 raise TcalError(f"pool part {f} fails its sha256 check; rebuild the pool")
         arrays.append(np.memmap(f, dtype=dtype, mode="r"))
     if len(arrays) == 1:

