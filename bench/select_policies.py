@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 from tcal.align import AlignConfig
 from tcal.convert import UNCALIBRATED, calibration_ids
 from tcal.data import token_windows
-from tcal.evaluate import window_nll
+from tcal.evaluate import window_ppl
 from tcal.select import (
     Selection,
     SelectionConfig,
@@ -40,8 +39,7 @@ from tcal.teachers import load_teacher
 
 
 def ppl(model, windows):
-    total, count = window_nll(model, windows, progress=False)
-    return math.exp(total / count)
+    return window_ppl(model, windows, progress=False)
 
 
 def main(argv=None):

@@ -546,8 +546,9 @@ def _save_model(model, directory: Path) -> None:
 
 
 def _load_model(directory, dtype=torch.float32):
-    import tcal  # noqa: F401  (registers the hybrid with the Auto classes)
     from transformers import AutoModelForCausalLM
+
+    import tcal  # noqa: F401  (registers the hybrid with the Auto classes)
 
     try:
         return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
@@ -715,11 +716,10 @@ def distill(
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = _optimizer(params, cfg)
 
-    from tcal.evaluate import window_nll
+    from tcal.evaluate import window_ppl
 
     def evaluate(model) -> float:
-        total, count = window_nll(model, eval_ids, batch_size=4, device=device, progress=False)
-        return math.exp(total / count)
+        return window_ppl(model, eval_ids, batch_size=4, device=device, progress=False)
 
     if resume_state is not None:
         # On the CPU: RNG states must stay CPU tensors; the optimizer moves its own state to the params.

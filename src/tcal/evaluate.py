@@ -115,6 +115,12 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
     }
 
 
+def window_ppl(model, windows: torch.Tensor, **kwargs) -> float:
+    """exp(mean next-token NLL) over token windows [N, W]; ``kwargs`` as for :func:`window_nll`."""
+    total, count = window_nll(model, windows, **kwargs)
+    return math.exp(total / count)
+
+
 def perplexity(model, tokenizer, data, window: int = 512, windows: int = 64, *, stride: int | None = None,
                batch_size: int = 4, device=None, progress: bool = True, cache_dir=None) -> float:
     """exp(mean next-token NLL) over the first ``windows`` windows of ``window`` tokens of ``data``

@@ -376,10 +376,9 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     if tfile.is_file():
         teacher_ppl = json.loads(tfile.read_text())["ppl"]
     else:
-        from tcal.evaluate import window_nll
+        from tcal.evaluate import window_ppl
 
-        total, count = window_nll(teacher, eval_ids, batch_size=4, progress=cfg.progress, desc="teacher PPL")
-        teacher_ppl = math.exp(total / count)
+        teacher_ppl = window_ppl(teacher, eval_ids, batch_size=4, progress=cfg.progress, desc="teacher PPL")
         write_json(tfile, {"ppl": teacher_ppl, "eval": cfg.eval, "window": cfg.eval_window,
                            "windows": cfg.eval_windows})
     print(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from tcal.errors import TcalError
+from tcal.evaluate import window_ppl
 
 POLICIES = ("uniform", "ar", "ga")
 
@@ -71,13 +72,6 @@ def top_k(scores: list[float], k: int, largest: bool) -> list[int]:
     return sorted(order[:k])
 
 
-def _ppl(model, windows: torch.Tensor, batch_size: int) -> float:
-    from tcal.evaluate import window_nll
-
-    total, count = window_nll(model, windows, batch_size=batch_size, progress=False)
-    return math.exp(total / count)
-
-
 @torch.no_grad()
 def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: bool = True) -> list[float]:
     """Held-out PPL of the teacher with layer i's attention output zeroed, for every i."""
@@ -90,7 +84,7 @@ def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: 
             lambda mod, args, out: (torch.zeros_like(out[0]), *out[1:])
         )
         try:
-            scores.append(_ppl(teacher, windows, batch_size))
+            scores.append(window_ppl(teacher, windows, batch_size=batch_size, progress=False))
         finally:
             hook.remove()
     return scores
@@ -136,7 +130,7 @@ def ga_scores(teacher, windows: torch.Tensor, modules: dict, *, batch_size: int 
     scores = []
     for i in tqdm(range(len(teacher.model.layers)), desc="ga: score one-attention students", disable=not progress):
         with assemble(teacher, [i], modules) as student:
-            scores.append(_ppl(student, windows, batch_size))
+            scores.append(window_ppl(student, windows, batch_size=batch_size, progress=False))
     return scores
 
 
