@@ -125,6 +125,11 @@ def attention_distance_nosink(p: torch.Tensor) -> torch.Tensor:
     H = p.shape[-3]
     num = num.transpose(-2, 0).reshape(H, -1).sum(-1) if num.dim() > 2 else num.sum(-1)
     mass = mass.transpose(-2, 0).reshape(H, -1).sum(-1) if mass.dim() > 2 else mass.sum(-1)
+    return _nosink_ratio(num, mass)
+
+
+def _nosink_ratio(num: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Per-head distance sums / non-sink mass sums; 0.5 where a head has no non-sink mass."""
     return torch.where(mass > 0, num / mass.clamp_min(1e-30), torch.full_like(num, 0.5))
 
 
@@ -385,11 +390,12 @@ class _StatsAccumulator:
         self.saw_probs = True
         rows = p.shape[0] * p.shape[2]
         self.dist += row_distance(p).sum((0, 2)).double().cpu()
-        self.ent += row_entropy(p).sum((0, 2)).double().cpu()
+        ent = row_entropy(p)  # (B, H, Tq)
+        self.ent += ent.sum((0, 2)).double().cpu()
         support = _row_log_support(p)
         keep = support > 0
         if bool(keep.any()):
-            self.ent_norm += (row_entropy(p)[..., keep] / support[keep]).sum((0, 2)).double().cpu()
+            self.ent_norm += (ent[..., keep] / support[keep]).sum((0, 2)).double().cpu()
             self.norm_rows += p.shape[0] * int(keep.sum())
         num, mass, sink = _sink_parts(p)
         self.ns_num += num.sum((0, 2)).double().cpu()
@@ -437,8 +443,7 @@ class _StatsAccumulator:
             ctx_vec_rms=self.ctx_vec_rms / max(self.ctx_tokens * self.H, 1),
             out_rms=math.sqrt(self.out_sq / max(self.out_n, 1)),
             x_rms=math.sqrt(self.x_sq / max(self.x_n, 1)),
-            distance_nosink=to_list(torch.where(self.ns_mass > 0, self.ns_num / self.ns_mass.clamp_min(1e-30),
-                                                torch.full_like(self.ns_num, 0.5))),
+            distance_nosink=to_list(_nosink_ratio(self.ns_num, self.ns_mass)),
             sink_mass=to_list(self.sink / max(self.sink_rows, 1)),
         )
 
