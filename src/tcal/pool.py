@@ -38,14 +38,13 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tcal.atomic import publish_dir
+from tcal.atomic import atomic_dir
 from tcal.data import (
     BUILTIN_CORPORA,
     builtin_documents,
     encode_documents,
     fetch_npm,
     load_corpus,
-    make_temp_dir,
     say,
     separator_id,
     sha256_file,
@@ -340,9 +339,8 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
     if out.exists() and not (out / "manifest.json").is_file():
         if not out.is_dir() or any(out.iterdir()):
             raise TcalError(f"{out} exists and is not a tcal pool; choose a new output path")
-    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     sep = separator_id(tokenizer)
-    try:
+    with atomic_dir(out) as tmp:
         writer = _PartWriter(tmp, dtype, part_tokens)
         records = []
         for name, docs_fn, note in resolved:
@@ -416,10 +414,6 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"pool {out}: {writer.total:,} tokens in {len(parts)} part(s) from "
         + ", ".join(f"{r['name']} {r['tokens']:,}" for r in records if r["tokens"]))
     return manifest

