@@ -21,12 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import tcal
 from tcal.distill import DistillConfig, distill
 from tcal.select import select_layers
-from tcal.shapes import SHAPES
+from tcal.shapes import SHAPES, random_model
 
 
 def main(argv=None) -> dict:
@@ -47,12 +46,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 
-    shape = dict(SHAPES[args.shape])
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    config = AutoConfig.for_model(**shape)
     torch.manual_seed(0)
-    teacher = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    teacher = random_model(args.shape, num_layers=args.layers)
+    config = teacher.config
     n = config.num_hidden_layers
     keep = [i for i in select_layers(teacher, args.keep).layers if i < n]  # --layers may cut the list
     student = tcal.convert(teacher, keep=keep, init="copy")

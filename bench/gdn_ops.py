@@ -17,8 +17,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from tcal.cli import resolve_device, resolve_dtype
 from tcal.ops import (
-    chunk_gated_delta_rule_torch, fla_available, fla_backward_ok, gated_delta_rule, naive_recurrent_gated_delta_rule,
+    chunk_gated_delta_rule_torch,
+    fla_available,
+    fla_backward_ok,
+    gated_delta_rule,
+    naive_recurrent_gated_delta_rule,
 )
 
 
@@ -58,7 +63,7 @@ def main(argv=None):
     p.add_argument("--H", type=int, default=4)
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--impls", default="naive,chunk,fla")
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
@@ -67,7 +72,7 @@ def main(argv=None):
     p.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device, dtype = torch.device(resolve_device(args.device)), resolve_dtype(args.dtype)
     torch.manual_seed(0)
     if device.type == "cpu":
         torch.set_num_threads(torch.get_num_threads())

@@ -16,12 +16,12 @@ import statistics
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 import tcal
 from tcal import compat
+from tcal.cli import resolve_device, resolve_dtype
 from tcal.select import select_layers
-from tcal.shapes import SHAPES
+from tcal.shapes import SHAPES, random_model
 
 
 def sync(device):
@@ -121,7 +121,7 @@ def main(argv=None):
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--json")
     p.add_argument("--cudnn-sdpa", action="store_true",
                    help="allow PyTorch's cuDNN SDPA backend (off by default: on torch 2.11 + H200 it rebuilds a "
@@ -129,14 +129,11 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="also profile one prefill and one decode step per model at the first context")
     args = p.parse_args(argv)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    device, dtype = torch.device(resolve_device(args.device)), resolve_dtype(args.dtype)
     if device.type == "cuda" and not args.cudnn_sdpa:
         torch.backends.cuda.enable_cudnn_sdp(False)  # flash / memory-efficient SDPA for teacher and hybrid alike
-    shape = dict(SHAPES[args.shape])
-    cfg = AutoConfig.for_model(shape.pop("model_type"), **shape)
-    cfg._attn_implementation = "sdpa"
-    with torch.device(device):
-        teacher = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    teacher = random_model(args.shape, dtype=dtype, device=device, attn_implementation="sdpa")
+    cfg = teacher.config
     keep = select_layers(teacher, args.keep).layers
     hybrid = tcal.convert(teacher, keep=keep, init="copy").eval()
     rows = []

@@ -17,9 +17,8 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from tcal.align import AlignConfig
+from tcal.cli import resolve_device
 from tcal.convert import UNCALIBRATED, calibration_ids
 from tcal.data import token_windows
 from tcal.evaluate import window_ppl
@@ -54,9 +53,10 @@ def main(argv=None):
     p.add_argument("--val-windows", type=int, default=8)
     p.add_argument("--eval", default="wiki:eval")
     p.add_argument("--eval-windows", type=int, default=16)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--out", default="runs/select")
     args = p.parse_args(argv)
+    args.device = resolve_device(args.device)  # recorded in select.json as the device that ran
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -1,5 +1,6 @@
 """Public config values of models whose shapes the benchmarks borrow (random weights: speed and
 memory do not depend on the values)."""
+from __future__ import annotations
 
 SHAPES = {
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -12,3 +13,21 @@ SHAPES = {
                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
 }
+
+
+def random_model(name: str, *, dtype=None, device="cpu", num_layers: int = 0, attn_implementation: str | None = None):
+    """A causal LM at the shape ``name`` with random weights, built on ``device``, in eval mode.
+
+    ``num_layers`` overrides the depth (CPU smoke runs); ``attn_implementation``: e.g. "sdpa".
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(SHAPES[name])
+    if num_layers:
+        shape["num_hidden_layers"] = num_layers
+    config = AutoConfig.for_model(shape.pop("model_type"), **shape)
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32).eval()
