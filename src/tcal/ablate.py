@@ -43,7 +43,7 @@ def run_ablate(cfg: AblateConfig) -> dict:
     import tcal
     from tcal.atomic import atomic_dir, write_json
     from tcal.cli import resolve_device
-    from tcal.convert import calibration_ids, ensure_strategies
+    from tcal.convert import UNCALIBRATED, calibration_ids, parse_inits
     from tcal.data import check_disjoint, token_windows
     from tcal.evaluate import perplexity_report
     from tcal.select import SelectionConfig, select_layers
@@ -51,11 +51,7 @@ def run_ablate(cfg: AblateConfig) -> dict:
     from tcal.teachers import load_teacher
 
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    inits = [i.strip() for i in cfg.inits.split(",") if i.strip()]
-    ensure_strategies()
-    unknown = [i for i in inits if i not in tcal.INITS]
-    if unknown:
-        raise TcalError(f"unknown init {unknown[0]!r}; choose from {', '.join(tcal.INITS)}")
+    inits = parse_inits(cfg.inits)
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
     teacher, tok = load_teacher(cfg.teacher, device=device)
@@ -81,8 +77,6 @@ def run_ablate(cfg: AblateConfig) -> dict:
     stats_s = time.perf_counter() - t0
 
     from tcal.align import AlignConfig
-    from tcal.convert import UNCALIBRATED
-
     rows = []
     for init in inits:
         log.info("init %s", init)

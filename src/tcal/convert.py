@@ -51,6 +51,26 @@ def ensure_strategies() -> None:
         register_strategies()
 
 
+def init_function(init: str) -> Callable:
+    """The registered init ``init`` (the Taylor-Calibrate ones register on first use)."""
+    ensure_strategies()
+    if init not in INITS:
+        raise TcalError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
+    return INITS[init]
+
+
+def parse_inits(spec: str) -> list[str]:
+    """'copy,taylor' -> ['copy', 'taylor']: known inits, none twice (the --inits of ablate and recover)."""
+    inits = [s.strip() for s in spec.split(",") if s.strip()]
+    if not inits:
+        raise TcalError("--inits is empty; e.g. --inits copy,taylor")
+    if len(set(inits)) != len(inits):
+        raise TcalError(f"--inits lists an init twice: {spec}")
+    for init in inits:
+        init_function(init)
+    return inits
+
+
 def _split_options(options: dict) -> tuple[dict, dict]:
     """GDN construction options (HybridConfig gdn_* fields) vs init switches."""
     fields = HybridConfig.__dataclass_fields__
@@ -98,9 +118,7 @@ def convert(
 
     The returned model carries ``model.tcal_record`` (what the init did, timings).
     """
-    ensure_strategies()
-    if init not in INITS:
-        raise TcalError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
+    init_fn = init_function(init)
     gdn_options, init_options = _split_options(options)
     record: dict = {"init": init, "timings": {}}
     t0 = time.perf_counter()
@@ -129,7 +147,7 @@ def convert(
         raise TcalError(f"init {init!r} takes no options; got {', '.join(sorted(init_options))}")
     t0 = time.perf_counter()
     with torch.enable_grad():
-        record["detail"] = INITS[init](hybrid, teacher, **context, **init_options) or {}
+        record["detail"] = init_fn(hybrid, teacher, **context, **init_options) or {}
     record["timings"]["init_s"] = time.perf_counter() - t0
     hybrid.config.tcal_init = init
     hybrid.tcal_record = record

@@ -35,6 +35,7 @@ import torch
 
 from tcal.atomic import publish_dir, write_json
 from tcal.config import arg
+from tcal.convert import init_function, parse_inits
 from tcal.distill import (
     SCHEDULES,
     DistillConfig,
@@ -263,21 +264,6 @@ def replot(run_dir) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _init_fn(init: str):
-    from tcal.convert import INITS
-
-    if init not in INITS:
-        try:
-            from tcal.calibrate import register_strategies
-
-            register_strategies()
-        except ImportError:
-            pass
-    if init not in INITS:
-        raise TcalError(f"unknown init {init!r}; choose from {', '.join(INITS)}")
-    return INITS[init]
-
-
 def _init_kwargs(fn, calib_ids, align_steps: int, progress: bool) -> dict:
     params = inspect.signature(fn).parameters
     kw = {}
@@ -319,15 +305,6 @@ def _jsonable(obj):
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_inits(spec: str) -> list[str]:
-    inits = [s.strip() for s in spec.split(",") if s.strip()]
-    if not inits:
-        raise TcalError("--inits is empty; e.g. --inits copy,taylor")
-    if len(set(inits)) != len(inits):
-        raise TcalError(f"--inits lists an init twice: {spec}")
-    return inits
-
-
 def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConfig:
     shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainOptions)}
     return DistillConfig(**shared, hybrid=f"{cfg.teacher} keep={cfg.keep} init={init}", teacher=cfg.teacher,
@@ -341,9 +318,7 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
     from tcal.distill import _check_config
 
     _check_config(cfg, cfg.tokens)
-    inits = _parse_inits(cfg.inits)
-    for init in inits:
-        _init_fn(init)
+    inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)
     if isinstance(keep, str):
         raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
@@ -410,7 +385,7 @@ def run_recover(cfg: RecoverConfig, *, callback=None) -> dict:
             info = json.loads((work / f"{init}.init.json").read_text())
             print(f"{init}: converted earlier, loaded from {converted}")
         elif not has_checkpoint(run_dir):
-            fn = _init_fn(init)
+            fn = init_function(init)
             needs_calib = "calib_ids" in inspect.signature(fn).parameters
             if needs_calib and calib_ids is None:
                 calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
