@@ -546,32 +546,19 @@ def _save_model(model, directory: Path) -> None:
 
 
 def _load_model(directory, dtype=torch.float32):
-    from transformers import AutoModelForCausalLM
+    from tcal.teachers import load_model_dir
 
-    import tcal  # noqa: F401  (registers the hybrid with the Auto classes)
-
-    try:
-        return AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
-    except Exception as e:
-        raise TcalError(f"cannot load the model in {directory} ({type(e).__name__}: {str(e)[:200]})") from e
+    return load_model_dir(directory, dtype, require_tokenizer=False)[0]
 
 
 def load_model_and_tokenizer(spec: str, *, dtype=torch.float32, device="cpu"):
     """A model directory (tokenizer optional) or any :func:`tcal.teachers.load_teacher` spec."""
+    from tcal.teachers import load_model_dir, load_teacher
+
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
-        model = _load_model(path, dtype)
-        tok = None
-        if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            from transformers import AutoTokenizer
-
-            try:
-                tok = AutoTokenizer.from_pretrained(str(path))
-            except Exception as e:
-                log.warning("cannot load the tokenizer in %s (%s)", path, e)
+        model, tok = load_model_dir(path, dtype, require_tokenizer=False)
         return model.to(device).eval(), tok
-    from tcal.teachers import load_teacher
-
     return load_teacher(spec, dtype=dtype, device=device)
 
 

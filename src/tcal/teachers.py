@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import socket
@@ -39,6 +40,8 @@ from tcal.data import (
     sha256_file,
 )
 from tcal.errors import TcalError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "smollm2-135m"
 
@@ -277,9 +280,18 @@ def builtin_teacher_dir(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     return _convert_builtin(name, cache_dir)
 
 
-def _load_dir(path: Path, dtype):
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True):
+    """A ``save_pretrained`` directory -> (model, tokenizer).
+
+    Without ``require_tokenizer`` (training checkpoints, hybrids saved without one) a directory
+    with no tokenizer files gives None, and a tokenizer that fails to load is only a warning.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    path = Path(path)
     if not (path / "config.json").is_file():
         ggufs = sorted(path.glob("*.gguf"))
         hint = f"; to load the GGUF pass its path: {ggufs[0]}" if ggufs else ""
@@ -288,9 +300,14 @@ def _load_dir(path: Path, dtype):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except Exception as e:
         raise TcalError(f"cannot load the model in {path} ({type(e).__name__}: {_first_line(e)}); check the checkpoint (transformers 5.x format)") from e
+    if not require_tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return model, None
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:
+        if not require_tokenizer:
+            log.warning("cannot load the tokenizer in %s (%s)", path, e)
+            return model, None
         raise TcalError(f"cannot load a tokenizer from {path} ({type(e).__name__}: {_first_line(e)}); save the tokenizer into the model directory") from e
     return model, tok
 
@@ -370,10 +387,10 @@ def load_teacher(spec: str | os.PathLike = DEFAULT_TEACHER, *, cache_dir=None, d
     path = Path(spec).expanduser()
     if spec in BUILTIN_TEACHERS:
         d = builtin_teacher_dir(spec, cache_dir=cache_dir)
-        model, tok = _load_dir(d, dtype)
+        model, tok = load_model_dir(d, dtype)
         _align_special_tokens(model, tok)  # a cache converted by an older transformers
     elif path_exists(spec) and path.is_dir():
-        model, tok = _load_dir(path, dtype)
+        model, tok = load_model_dir(path, dtype)
     elif path_exists(spec) and path.is_file():
         if path.suffix.lower() != ".gguf":
             raise TcalError(f"{spec} is a file but not a .gguf; pass a model directory (with config.json) or a .gguf file")
