@@ -241,8 +241,7 @@ def align_layers(
             raise TcalError(f"no captured teacher activations for layer {i}")
         io = captured[i]
         if cfg.seq_len:
-            io = LayerIO(io.x[:, : cfg.seq_len], io.out[:, : cfg.seq_len],
-                         None if io.ctx is None else io.ctx[:, : cfg.seq_len])
+            io = io.select((slice(None), slice(None, cfg.seq_len)))
         tr, ho = split_calibration(io.num_sequences, cfg.heldout_frac)
         train, held = io.select(tr), io.select(ho)
         if cfg.train_sequences:

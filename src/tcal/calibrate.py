@@ -84,8 +84,14 @@ import torch
 import torch.nn.functional as F
 
 from tcal.errors import TcalError
-from tcal.gdn import GatedDeltaNet
-from tcal.stats import LayerIO, LayerStats, capture_teacher_io, collect_stats
+from tcal.gdn import GatedDeltaNet, inverse_softplus
+from tcal.stats import (
+    LayerIO,
+    LayerStats,
+    capture_teacher_io,
+    collect_stats,
+    sum_per_head,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +138,6 @@ def decay_rate(distance, lo: float = 1e-3, hi: float = 5.0) -> torch.Tensor:
     return (LN2 / d.clamp_min(1e-6)).clamp(lo, hi)
 
 
-def inverse_softplus(r) -> torch.Tensor:
-    """softplus^-1(r) = r + log(-expm1(-r)) = log(exp(r) - 1), stable for small and large r > 0."""
-    r = torch.as_tensor(r, dtype=torch.float32)
-    return r + torch.log(-torch.expm1(-r))
-
-
 def dt_bias_for_distance(distance, lo: float = 1e-3, hi: float = 5.0) -> torch.Tensor:
     """dt_bias that gives g = -softplus(dt_bias) = -ln2/d_h (clipped) when A_log = 0 and W_a x = 0."""
     return inverse_softplus(decay_rate(distance, lo, hi))
@@ -177,9 +177,7 @@ def ols_scale(target: torch.Tensor, pred: torch.Tensor, clip: tuple[float, float
     every token and dimension.
     """
     t, p = target.float(), pred.float()
-    H = t.shape[-2]
-    num = (t * p).transpose(-2, 0).reshape(H, -1).sum(-1)
-    den = (p * p).transpose(-2, 0).reshape(H, -1).sum(-1)
+    num, den = sum_per_head(t * p), sum_per_head(p * p)
     raw = num / den.clamp_min(1e-12)
     return raw, (raw.clamp(*clip) if clip is not None else raw)
 

@@ -36,6 +36,12 @@ class GDNShape:
     chunk_size: int = 64
 
 
+def inverse_softplus(r) -> torch.Tensor:
+    """softplus^-1(r) = r + log(-expm1(-r)) = log(exp(r) - 1), stable for small and large r > 0."""
+    r = torch.as_tensor(r, dtype=torch.float32)
+    return r + torch.log(-torch.expm1(-r))
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     # Same epsilon placement as fla's in-kernel l2norm.
     return x * torch.rsqrt((x.float() * x.float()).sum(-1, keepdim=True) + eps).to(x.dtype)
@@ -116,7 +122,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log.copy_(torch.empty(H, device=dev).uniform_(1, 16, generator=generator).log())
         dt = torch.empty(H, device=dev).uniform_(math.log(1e-3), math.log(1e-1), generator=generator).exp()
         dt = dt.clamp(min=1e-4)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.dt_bias.copy_(inverse_softplus(dt))
         if self.shape.use_short_conv:
             # Identity taps: with copied projections the conv starts as a no-op instead of
             # mixing in random neighbours.

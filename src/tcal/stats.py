@@ -90,6 +90,11 @@ def row_entropy(p: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(pf, pf).sum(-1)
 
 
+def sum_per_head(x: torch.Tensor) -> torch.Tensor:
+    """(..., H, n) -> (H,): sum over every dimension but the head one (second to last)."""
+    return x.transpose(-2, 0).reshape(x.shape[-2], -1).sum(-1)
+
+
 def _mean_per_head(rows: torch.Tensor) -> torch.Tensor:
     """(..., H, T) -> (H,): mean over every dimension but the head one."""
     return rows.transpose(-2, 0).reshape(rows.shape[-2], -1).mean(-1) if rows.dim() > 2 else rows.mean(-1)
@@ -122,10 +127,7 @@ def attention_distance_nosink(p: torch.Tensor) -> torch.Tensor:
     grows like t/2) although what they read is one fixed token. 0.5 when no such mass exists.
     """
     num, mass, _ = _sink_parts(p)
-    H = p.shape[-3]
-    num = num.transpose(-2, 0).reshape(H, -1).sum(-1) if num.dim() > 2 else num.sum(-1)
-    mass = mass.transpose(-2, 0).reshape(H, -1).sum(-1) if mass.dim() > 2 else mass.sum(-1)
-    return _nosink_ratio(num, mass)
+    return _nosink_ratio(sum_per_head(num), sum_per_head(mass))
 
 
 def _nosink_ratio(num: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
@@ -509,7 +511,7 @@ class LayerIO:
     out: torch.Tensor
     ctx: torch.Tensor | None = None
 
-    def select(self, rows: slice | torch.Tensor) -> LayerIO:
+    def select(self, rows: slice | tuple | torch.Tensor) -> LayerIO:
         return LayerIO(self.x[rows], self.out[rows], None if self.ctx is None else self.ctx[rows])
 
     @property
