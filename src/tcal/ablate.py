@@ -66,8 +66,7 @@ def run_ablate(cfg: AblateConfig) -> dict:
     eval_ids = token_windows(cfg.eval, tok, window=cfg.eval_window, n_windows=cfg.eval_windows)
 
     def ppl(model) -> dict:
-        r = perplexity_report(model, tok, eval_ids, window=cfg.eval_window, windows=cfg.eval_windows,
-                              progress=False)
+        r = perplexity_report(model, tok, eval_ids, progress=False)  # window sizes come from eval_ids
         return {"ppl": r["ppl"], "seconds": r["seconds"]}
 
     teacher_eval = ppl(teacher)
