@@ -1,8 +1,8 @@
 """Distillation throughput and peak memory of `tcal.distill` at a real model's shape.
 
 Random weights (speed does not depend on the values): a teacher built from a public config shape
-(tcal.shapes.SHAPES), the hybrid converted from it with init copy, and random token ids.
-Runs the real training loop (`tcal.distill.distill`: chunked KL, AdamW, autocast) for --steps
+(bench/shapes.py), the hybrid converted from it with init copy, and random token ids.
+Runs the real training loop (`tcal.train.trainer.distill`: chunked KL, AdamW, autocast) for --steps
 steps and reports steady-state training tokens/s (steps after --warmup) and peak CUDA memory:
 
     python bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 \
@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 import tcal
-from tcal.distill import DistillConfig, distill
-from tcal.select import select_layers
-from tcal.shapes import SHAPES, random_model
+from shapes import SHAPES, random_model  # bench/shapes.py
+from tcal.conversion.select import select_layers
+from tcal.train.config import TrainOptions
+from tcal.train.trainer import distill
 
 
 def main(argv=None) -> dict:
@@ -63,14 +64,12 @@ def main(argv=None) -> dict:
         stamps.append(time.perf_counter())
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = DistillConfig(hybrid="-", teacher="-", data="random", tokens=tps * args.steps, out=f"{tmp}/run",
-                            seq_len=args.seq_len, batch_size=args.batch_size, micro_batch=args.micro_batch,
-                            kl_chunk=args.kl_chunk, gradient_checkpointing=args.gradient_checkpointing,
-                            compile=args.compile,
-                            eval_every=10 ** 15, eval_early=0, save_every=10 ** 15, device=args.device,
-                            progress=False, warmup=0)
-        report = distill(student, teacher, cfg, train_tokens=train, eval_ids=eval_ids, teacher_ppl=1.0,
-                         callback=on_step)
+        cfg = TrainOptions(seq_len=args.seq_len, batch_size=args.batch_size, micro_batch=args.micro_batch,
+                           kl_chunk=args.kl_chunk, gradient_checkpointing=args.gradient_checkpointing,
+                           compile=args.compile, eval_every=10 ** 15, eval_early=0, save_every=10 ** 15,
+                           device=args.device, progress=False, warmup=0)
+        report, _ = distill(student, teacher, cfg, tokens=tps * args.steps, train_tokens=train, eval_ids=eval_ids,
+                            partial=Path(tmp) / "run.partial", teacher_ppl=1.0, callback=on_step)
     gaps = np.diff(stamps[args.warmup:]) if len(stamps) > args.warmup + 1 else np.diff(stamps)
     step_s = statistics.median(gaps.tolist()) if len(gaps) else float("nan")
     result = {

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from tcal.cli import resolve_device, resolve_dtype
+from tcal.utils.runtime import resolve_device, resolve_dtype
 from tcal.ops import (
     chunk_gated_delta_rule_torch,
     fla_available,

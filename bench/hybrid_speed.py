@@ -18,10 +18,10 @@ import time
 import torch
 
 import tcal
-from tcal import compat
-from tcal.cli import resolve_device, resolve_dtype
-from tcal.select import select_layers
-from tcal.shapes import SHAPES, random_model
+from shapes import SHAPES, random_model  # bench/shapes.py
+from tcal.conversion.select import select_layers
+from tcal.utils import compat
+from tcal.utils.runtime import resolve_device, resolve_dtype
 
 
 def sync(device):

@@ -5,7 +5,7 @@
 
 import argparse
 
-from tcal.recover import replot
+from tcal.recipes.recover import replot
 
 
 def main(argv=None):

@@ -17,24 +17,24 @@ import json
 import time
 from pathlib import Path
 
-from tcal.align import AlignConfig
-from tcal.cli import resolve_device
-from tcal.convert import UNCALIBRATED, calibration_ids
-from tcal.data import token_windows
-from tcal.evaluate import window_ppl
-from tcal.select import (
+from tcal.conversion.convert import calibration_ids
+from tcal.conversion.inits import get_init
+from tcal.conversion.policy import top_k, uniform_layers
+from tcal.conversion.select import (
     Selection,
     SelectionConfig,
     ar_scores,
     assemble,
     ga_scores,
     gdn_for_every_layer,
-    plot_selection,
-    top_k,
-    uniform_layers,
     validation_windows,
 )
-from tcal.teachers import load_teacher
+from tcal.data.teachers import load_teacher
+from tcal.data.tokens import token_windows
+from tcal.evaluate import window_ppl
+from tcal.report.plots import plot_selection
+from tcal.taylor.phase2 import AlignConfig
+from tcal.utils.runtime import resolve_device
 
 
 def ppl(model, windows):
@@ -72,7 +72,7 @@ def main(argv=None):
     ar = ar_scores(teacher, val)
     timings["ar_scores_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    kw = {} if args.init in UNCALIBRATED else {
+    kw = {} if not get_init(args.init).calibrated else {
         "calib_ids": calib, "align": AlignConfig(steps=args.align_steps), "progress": True}
     modules = gdn_for_every_layer(teacher, args.init, **kw)
     timings["init_every_layer_s"] = time.perf_counter() - t0

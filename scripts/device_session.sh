@@ -46,8 +46,8 @@ for step in "$@"; do
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
       python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 ;;
     check)
-      python3 -m pytest -q -s -p no:cacheprovider tests/test_fla.py tests/test_evaluate.py::test_cuda_matches_cpu \
-        tests/test_distill.py::test_distill_on_cuda_bf16_trains_and_resumes 2>&1 \
+      python3 -m pytest -q -s -p no:cacheprovider tests/ops/test_fla.py tests/test_evaluate.py::test_cuda_matches_cpu \
+        tests/train/test_trainer.py::test_distill_on_cuda_bf16_trains_and_resumes 2>&1 \
         | grep -E "fla chunk|torch chunk|passed|failed|Error|SKIP" | tee "$OUT/cuda_tests.log"
       for dt in bfloat16 float32; do
         python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,fla --reps 10 \

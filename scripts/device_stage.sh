@@ -17,10 +17,10 @@ POOL=${1:-.dev/pool}
 . scripts/device_assets.sh
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 
-GGUF=$(PYTHONPATH=src "$PY" -c 'from tcal.teachers import builtin_gguf_path; print(builtin_gguf_path())')
+GGUF=$(PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import builtin_gguf_path; print(builtin_gguf_path())')
 echo "$SHA  $GGUF" | sha256sum -c --quiet
-PYTHONPATH=src "$PY" -c 'from tcal.data import load_corpus; load_corpus("wiki")' >/dev/null
-CACHE=$(PYTHONPATH=src "$PY" -c 'from tcal.data import cache_root; print(cache_root())')
+PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus("wiki")' >/dev/null
+CACHE=$(PYTHONPATH=src "$PY" -c 'from tcal.utils.cache import cache_root; print(cache_root())')
 [ -f "$POOL/manifest.json" ] || PYTHONPATH=src "$PY" -m tcal.cli pool --out "$POOL" --max-file-mb 9.6
 
 rm -rf .dev/carry && mkdir -p .dev/carry/a/pool .dev/carry/b

@@ -6,33 +6,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tcal.data import Corpus, token_windows
-from tcal.errors import TcalError
-from tcal.evaluate import perplexity, perplexity_report, window_nll
+from helpers import tiny_teacher, word_tokenizer
+
+from tcal.data.corpora import Corpus
+from tcal.data.tokens import token_windows
+from tcal.evaluate import perplexity, perplexity_report, window_nll, window_ppl
+from tcal.utils.errors import TcalError
 
 WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 TEXT = " ".join(WORDS * 12)  # 204 tokens
 
 
 def make_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<eos>": 0, "<unk>": 1}
-    for w in WORDS:
-        vocab.setdefault(w, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>")
+    return word_tokenizer(WORDS)
 
 
 def tiny_llama(vocab_size, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_teacher("llama", seed, vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, max_position_embeddings=256)
 
 
 class Uniform(torch.nn.Module):
@@ -76,6 +67,7 @@ def test_matches_hand_computed_nll():
     assert perplexity(model, tok, TEXT, window=32, windows=5, batch_size=5, progress=False) == pytest.approx(rep["ppl"], rel=1e-5)
     # an already-cut tensor gives the same
     assert perplexity_report(model, tok, ids, progress=False)["ppl"] == pytest.approx(rep["ppl"], rel=1e-6)
+    assert window_ppl(model, ids, batch_size=3, progress=False) == pytest.approx(rep["ppl"], rel=1e-6)
 
 
 def test_protocol_fields():
@@ -124,7 +116,7 @@ def test_cuda_matches_cpu():
 
 @pytest.mark.integration
 def test_teacher_ppl_small_protocol(monkeypatch):
-    from tcal.teachers import load_teacher
+    from tcal.data.teachers import load_teacher
 
     monkeypatch.delenv("TCAL_CACHE", raising=False)  # the user's cache: convert once
     model, tok = load_teacher("smollm2-135m")

@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import tcal
-from tcal.align import AlignConfig
+from tcal.taylor.phase2 import AlignConfig
 
 pytestmark = pytest.mark.integration
 

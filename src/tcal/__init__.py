@@ -1,17 +1,57 @@
 """tcal: convert Transformer LMs into hybrid attention / Gated DeltaNet models (Taylor-Calibrate init).
 
-Importing tcal registers the ``tcal_hybrid`` model type with transformers' Auto classes, so a
-saved hybrid loads with ``AutoModelForCausalLM.from_pretrained(dir)``.
+``import tcal`` is cheap (no torch): the public API below is imported on first use. tcal's model
+classes are registered with transformers' Auto classes as soon as those are imported, so after
+``import tcal`` a saved hybrid loads with ``AutoModelForCausalLM.from_pretrained(dir)``, without
+``trust_remote_code``.
 """
-from tcal.convert import INITS, convert
-from tcal.data import load_corpus, token_windows
-from tcal.errors import TcalError
-from tcal.evaluate import perplexity, perplexity_report
-from tcal.hybrid import HybridConfig, HybridForCausalLM
-from tcal.teachers import load_teacher
+from __future__ import annotations
+
+import importlib
+
+from tcal.conversion.inits import INITS, InitSpec, register_init
+from tcal.utils.errors import TcalError
+from tcal.utils.import_hooks import after_import
 
 __version__ = "0.1.0"
-__all__ = [
-    "INITS", "HybridConfig", "HybridForCausalLM", "TcalError", "__version__", "convert", "load_corpus",
-    "load_teacher", "perplexity", "perplexity_report", "token_windows",
-]
+
+# public name -> module that defines it (imported on first access)
+_LAZY = {
+    "convert": "tcal.conversion.convert",
+    "load_corpus": "tcal.data.corpora",
+    "token_windows": "tcal.data.tokens",
+    "load_teacher": "tcal.data.teachers",
+    "perplexity": "tcal.evaluate",
+    "perplexity_report": "tcal.evaluate",
+    "HybridConfig": "tcal.models.configuration_hybrid",
+    "HybridForCausalLM": "tcal.models.modeling_hybrid",
+}
+
+__all__ = ["INITS", "InitSpec", "TcalError", "__version__", "register_init", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tcal' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def _register_config() -> None:
+    importlib.import_module("tcal.models.configuration_hybrid")
+
+
+def _register_model() -> None:
+    importlib.import_module("tcal.models.modeling_hybrid")
+
+
+# configuration_auto is complete before anything can read a checkpoint's config; modeling_auto
+# before AutoModelForCausalLM can build one. Registering the model class only then keeps
+# transformers' own, half-imported modules out of the way.
+after_import("transformers.models.auto.configuration_auto", _register_config, wait_for="tcal")
+after_import("transformers.models.auto.modeling_auto", _register_model, wait_for="tcal")

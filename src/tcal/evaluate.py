@@ -1,7 +1,7 @@
 """Held-out perplexity with a fixed, recorded protocol.
 
 Protocol: the corpus is tokenised into one stream (documents joined by the tokenizer's EOS,
-see :func:`tcal.data.corpus_tokens`); the first ``windows`` full windows of ``window`` tokens
+see :func:`tcal.data.tokens.corpus_tokens`); the first ``windows`` full windows of ``window`` tokens
 at ``stride`` (default ``window``: non-overlapping) are scored independently (no state carried
 between windows); every window contributes its ``window - 1`` next-token predictions;
 ``nll`` = mean negative log-likelihood (nats) over all of them and ``ppl = exp(nll)``.
@@ -14,15 +14,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from tcal.data import as_corpus, token_windows
-from tcal.errors import TcalError
-
-
-def _model_device(model) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+from tcal.data.corpora import as_corpus
+from tcal.data.tokens import token_windows
+from tcal.utils.errors import TcalError
+from tcal.utils.runtime import model_device
 
 
 def _forward_logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -37,13 +34,11 @@ def _forward_logits(model, ids: torch.Tensor) -> torch.Tensor:
 def window_nll(model, windows: torch.Tensor, *, batch_size: int = 4, device=None, progress: bool = True,
                desc: str = "perplexity") -> tuple[float, int]:
     """Sum of next-token NLL (nats, float64) over ``windows`` [N, W] and the number of predictions."""
-    from tqdm import tqdm
-
     if windows.dim() != 2 or windows.shape[1] < 2:
         raise TcalError(f"windows must be a [N, W>=2] token tensor, got shape {tuple(windows.shape)}")
     if batch_size < 1:
         raise TcalError(f"batch size must be at least 1, got {batch_size}")
-    model_dev = _model_device(model)
+    model_dev = model_device(model)
     device = torch.device(device) if device is not None else model_dev
     if device.type != model_dev.type or (device.index is not None and model_dev.index is not None
                                          and device.index != model_dev.index):
@@ -93,7 +88,7 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
     total, count = window_nll(model, ids, batch_size=batch_size, device=device, progress=progress,
                               desc=f"perplexity {name}")
     nll = total / count
-    dev = torch.device(device) if device is not None else _model_device(model)
+    dev = torch.device(device) if device is not None else model_device(model)
     try:
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     except StopIteration:
@@ -108,7 +103,7 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
         "stride": stride,
         "data": name,
         "data_hash": dhash,
-        "model": getattr(model, "tcal_spec", None) or getattr(cfg, "name_or_path", None) or type(model).__name__,
+        "model": getattr(cfg, "name_or_path", None) or type(model).__name__,
         "dtype": dtype,
         "device": str(dev),
         "seconds": round(time.time() - t0, 2),

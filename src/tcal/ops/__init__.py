@@ -1,32 +1,25 @@
-"""Gated delta rule implementations behind one function.
+"""Gated delta rule implementations, side by side:
 
-    naive   fp32 token loop (reference, ops/naive.py)
-    chunk   chunked pure PyTorch (CPU default, ops/chunk.py)
-    fla     flash-linear-attention Triton kernels on CUDA: chunk for prefill / training,
-            fused_recurrent for decode (single-token steps)
-
-``backend="auto"`` takes fla on CUDA when it imports, else chunk (naive for one token,
-where the loop *is* the cheapest form).
+    naive.py     fp32 token loop: the reference every other path is tested against
+    chunk.py     chunked pure PyTorch (WY form): the CPU default and the GPU training fallback
+    dispatch.py  gated_delta_rule(): picks naive / chunk / fla (flash-linear-attention on CUDA)
 """
-from __future__ import annotations
-
-import functools
-import importlib.util
-import logging
-import os
-
-import torch
-
-from tcal.errors import TcalError
 from tcal.ops.chunk import chunk_gated_delta_rule_torch
+from tcal.ops.dispatch import (
+    BACKENDS,
+    compile_training,
+    fla_available,
+    fla_backward_ok,
+    gated_delta_rule,
+    resolve_backend,
+    set_compile,
+)
 from tcal.ops.naive import naive_recurrent_gated_delta_rule
-
-BACKENDS = ("auto", "naive", "chunk", "fla")
-log = logging.getLogger(__name__)
 
 __all__ = [
     "BACKENDS",
     "chunk_gated_delta_rule_torch",
+    "compile_training",
     "fla_available",
     "fla_backward_ok",
     "gated_delta_rule",
@@ -34,122 +27,3 @@ __all__ = [
     "resolve_backend",
     "set_compile",
 ]
-
-
-@functools.lru_cache(maxsize=1)
-def _fla_ops():
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-    except Exception:  # ImportError, or triton failing to initialise on a machine without a GPU
-        return None
-    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-
-
-def fla_available() -> bool:
-    return torch.cuda.is_available() and _fla_ops() is not None
-
-
-@functools.lru_cache(maxsize=1)
-def fla_backward_ok() -> bool:
-    """False where fla refuses its gated backward: Hopper GPUs with Triton 3.4 <= v < 3.7.1 and no
-    tilelang (fla issue #640, wrong gradients). Training then runs the chunked PyTorch path."""
-    try:
-        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
-    except ImportError:  # older fla without the guard
-        return True
-    buggy = IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
-    return not buggy or importlib.util.find_spec("tilelang") is not None
-
-
-def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad: bool = False) -> str:
-    backend = os.environ.get("TCAL_GDN_BACKEND", backend) if backend == "auto" else backend
-    if backend not in BACKENDS:
-        raise TcalError(f"unknown GDN backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "fla":
-        if device.type != "cuda":
-            raise TcalError("GDN backend 'fla' needs CUDA tensors; use backend 'chunk' on CPU")
-        if _fla_ops() is None:
-            raise TcalError("GDN backend 'fla' needs flash-linear-attention: pip install 'tcal[fla]'")
-        if needs_grad and not fla_backward_ok():
-            raise TcalError("fla's gated backward is disabled on this GPU (Hopper + Triton < 3.7.1, fla #640); "
-                            "use backend 'auto' or 'chunk' for training, or install tilelang")
-        return "fla"
-    if backend == "auto":
-        if device.type == "cuda" and _fla_ops() is not None:
-            if not needs_grad or fla_backward_ok():
-                return "fla"
-            _warn_fla_backward()
-            return "chunk"
-        return "naive" if seq_len == 1 else "chunk"
-    return backend
-
-
-_COMPILE = {"on": False, "failed": False}
-
-
-def set_compile(on: bool) -> bool:
-    """Train through a ``torch.compile``d chunked path (measured 2.2x faster forward + backward on an
-    H200 at B=32 T=1024 H=9 D=64, bench/gdn_ops.py --impls chunk,compile). Only calls that need
-    gradients use it: training shapes are fixed, so it compiles once, while inference shapes vary
-    and would recompile. The environment variable TCAL_GDN_COMPILE=1/0 overrides this setting.
-    Returns the previous setting, so a caller can restore it."""
-    previous, _COMPILE["on"] = _COMPILE["on"], bool(on)
-    return previous
-
-
-def _compile_enabled() -> bool:
-    if _COMPILE["failed"]:  # compiling failed once in this process: never try again
-        return False
-    env = os.environ.get("TCAL_GDN_COMPILE")
-    return env not in ("0", "", "false") if env is not None else _COMPILE["on"]
-
-
-@functools.lru_cache(maxsize=1)
-def _compiled_chunk():
-    return torch.compile(chunk_gated_delta_rule_torch, dynamic=False)
-
-
-@functools.lru_cache(maxsize=1)
-def _warn_fla_backward():
-    log.warning("fla's gated backward is unavailable here (Hopper + Triton < 3.7.1, fla #640): "
-                "GDN training runs the chunked PyTorch path; inference still uses fla")
-
-
-def gated_delta_rule(
-    q: torch.Tensor,  # (B, T, H, K), l2-normalised
-    k: torch.Tensor,  # (B, T, H, K), l2-normalised
-    v: torch.Tensor,  # (B, T, H, V)
-    g: torch.Tensor,  # (B, T, H) log decay
-    beta: torch.Tensor,  # (B, T, H)
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,  # (B, H, K, V), fp32
-    output_final_state: bool = False,
-    backend: str = "auto",
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Returns (o (B, T, H, V) in v's dtype, final state (B, H, K, V) fp32 or None)."""
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
-    )
-    kind = resolve_backend(backend, q.device, q.shape[1], needs_grad)
-    if kind == "naive":
-        return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state)
-    if kind == "chunk":
-        args = (q, k, v, g, beta, scale, initial_state, output_final_state)
-        if needs_grad and _compile_enabled():
-            try:
-                return _compiled_chunk()(*args, chunk_size=chunk_size)
-            except Exception as e:  # no C++ toolchain, an inductor bug: train on, uncompiled
-                log.warning("torch.compile of the chunked GDN path failed (%s: %s); running it uncompiled",
-                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-                _COMPILE["failed"] = True
-        return chunk_gated_delta_rule_torch(*args, chunk_size=chunk_size)
-    chunk_fn, recurrent_fn = _fla_ops()
-    # fla wants q/k/v in one dtype and g/beta in fp32 or that dtype; the state stays fp32.
-    fn = recurrent_fn if (q.shape[1] == 1 and not needs_grad) else chunk_fn
-    init = None if initial_state is None else initial_state.float()
-    o, state = fn(
-        q=q, k=k, v=v.to(q.dtype), g=g.float(), beta=beta.to(q.dtype), scale=scale,
-        initial_state=init, output_final_state=output_final_state,
-    )
-    return o.to(v.dtype), (state.float() if state is not None else None)

@@ -1,7 +1,7 @@
 """Reference gated delta rule: a plain fp32 token-by-token loop.
 
 This is the ground truth every other implementation is tested against. It follows
-DESIGN.md §2 literally:
+the recurrence of docs/method.md literally:
 
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      S: (K, V)
     o_t = S_t^T (q_t * scale)

@@ -1,0 +1,1 @@
+"""Conversion: surgery (teacher -> hybrid), the init registry and its execution, layer policies and selection, convert()."""

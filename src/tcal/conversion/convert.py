@@ -1,0 +1,110 @@
+"""`tcal.convert`: teacher + which layers to keep + an init -> initialised hybrid."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from tcal.conversion.initialise import initialise
+from tcal.conversion.inits import get_init
+from tcal.conversion.select import SelectionConfig, select_layers
+from tcal.conversion.surgery import build_hybrid
+from tcal.data.tokens import token_windows
+from tcal.models.configuration_hybrid import HybridConfig
+from tcal.models.modeling_hybrid import HybridForCausalLM
+from tcal.taylor.pipeline import Calibration
+from tcal.utils.errors import TcalError
+
+# The reference's calibration budget: 4 sequences of 256 tokens.
+CALIB_WINDOW, CALIB_WINDOWS = 256, 4
+
+
+@dataclass
+class Conversion:
+    hybrid: HybridForCausalLM
+    record: dict = field(default_factory=dict)  # init, selection, calibration, per-stage detail, timings
+
+
+def split_options(options: dict) -> tuple[dict, dict]:
+    """GDN construction options (HybridConfig gdn_* fields) vs init switches."""
+    fields = HybridConfig.__dataclass_fields__
+    gdn, rest = {}, {}
+    for k, v in options.items():
+        (gdn if (k if k.startswith("gdn_") else f"gdn_{k}") in fields else rest)[k] = v
+    return gdn, rest
+
+
+def calibration_ids(calib, tokenizer, window: int = CALIB_WINDOW, windows: int = CALIB_WINDOWS) -> torch.Tensor:
+    """(windows, window) token ids of the calibration corpus (the first windows, a fixed protocol)."""
+    if tokenizer is None:
+        raise TcalError("calibrated inits read text: pass tokenizer= (the teacher's) or calib_ids=")
+    return token_windows(calib, tokenizer, window=window, n_windows=windows)
+
+
+def convert_with_record(
+    teacher,
+    keep: Sequence[int] | str,
+    init: str = "copy",
+    *,
+    calib="wiki:calib",
+    tokenizer=None,
+    calib_ids: torch.Tensor | Calibration | None = None,
+    calib_window: int = CALIB_WINDOW,
+    calib_windows: int = CALIB_WINDOWS,
+    seed: int = 0,
+    progress: bool = False,
+    selection: SelectionConfig | None = None,
+    **options,
+) -> Conversion:
+    """:func:`convert`, also returning what was done (the record written into reports)."""
+    spec = get_init(init)
+    gdn_options, init_options = split_options(options)
+    record: dict = {"init": spec.name, "timings": {}}
+    data_name = "calib_ids" if calib_ids is not None else str(calib)
+    if spec.calibrated and calib_ids is None:
+        t0 = time.perf_counter()
+        calib_ids = calibration_ids(calib, tokenizer, calib_window, calib_windows)
+        record["timings"]["tokenise_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if isinstance(keep, str) or selection is not None:
+        # ga scores its one-attention students with the init being asked for
+        cfg = selection or SelectionConfig(data=str(calib), init=spec.name)
+        ids = calib_ids.ids if isinstance(calib_ids, Calibration) else calib_ids
+        sel = select_layers(teacher, keep, tokenizer=tokenizer, cfg=cfg, progress=progress,
+                            calib_ids=ids if get_init(cfg.init).calibrated else None)
+        keep = sel.layers
+        record["selection"] = asdict(sel)
+    record["timings"]["select_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    hybrid = build_hybrid(teacher, keep, seed=seed, **gdn_options)
+    record["timings"]["build_s"] = time.perf_counter() - t0
+    if spec.calibrated:
+        n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else torch.as_tensor(calib_ids)).shape[-2:]
+        record["calibration"] = {"data": data_name,
+                                 "sequences": int(n), "tokens_per_sequence": int(t)}
+    t0 = time.perf_counter()
+    record["detail"] = initialise(hybrid, teacher, spec, calib_ids if spec.calibrated else None,
+                                  progress=progress, **init_options)
+    record["timings"]["init_s"] = time.perf_counter() - t0
+    hybrid.config.tcal_init = spec.name
+    return Conversion(hybrid, record)
+
+
+def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) -> HybridForCausalLM:
+    """Build a hybrid of ``teacher`` keeping ``keep`` as softmax attention, GDN elsewhere.
+
+    - ``keep``: a list of layer indices, ``"0,4,8"``, or a policy ``"uniform:K"``, ``"ar:K"``,
+      ``"ga:K"`` (K a count or a percentage); ar/ga score layers on a validation slice of the
+      calibration corpus (:mod:`tcal.conversion.select`).
+    - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
+    - Calibrated inits (Taylor-Calibrate) take ``calib_ids`` (token ids (N, T), or a prepared
+      :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib``,
+      disjoint from ``wiki:eval``) with ``tokenizer`` into ``calib_windows`` windows of
+      ``calib_window`` tokens (reference: 4 x 256).
+    - Remaining keyword options: GDN construction (``use_short_conv``, ``output_gate``, ``backend``...)
+      or init switches (``align=AlignConfig(...)``, Phase-1 options such as ``zero_wa=True``).
+    """
+    return convert_with_record(teacher, keep, init, **kwargs).hybrid

@@ -1,0 +1,77 @@
+"""The init strategies, as typed specs: what each needs and which Taylor-Calibrate stages it runs.
+
+Plain data (no torch), so ``import tcal`` lists every init and ``tcal --help`` shows them at
+once. :func:`tcal.conversion.initialise.initialise` carries a spec out.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tcal.utils.errors import TcalError
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    name: str
+    summary: str  # one line, shown by --help and in docs
+    calibrated: bool = False  # reads calibration tokens (and so the teacher's activations)
+    phase1: str | None = None  # Phase-1 variant: "reference" | "exact" | "exact-silent", or None
+    phase2: bool = False  # Phase-2 layer-local alignment after Phase 1
+    zero_gate: bool = False  # W_g = 0 after the copy: every GDN layer starts silent
+    # A strategy that is not a combination of the stages above: fn(hybrid, teacher, calibration)
+    # -> JSON-able record; ``calibration`` is a tcal.taylor.pipeline.Calibration (None if not calibrated).
+    apply: Callable | None = None
+
+    def __post_init__(self):
+        if (self.phase1 is not None or self.phase2) and not self.calibrated:
+            raise TcalError(f"init {self.name!r} runs Phase 1 or Phase 2, so it must be calibrated=True")
+
+
+INITS: dict[str, InitSpec] = {}
+_BUILTIN_NAMES: frozenset[str] = frozenset()  # filled once the built-ins below are registered
+
+
+def register_init(spec: InitSpec) -> InitSpec:
+    """Add ``spec`` to :data:`INITS` (replacing a user init of the same name; built-ins stay)."""
+    if spec.name in _BUILTIN_NAMES:
+        raise TcalError(f"init {spec.name!r} is a built-in baseline and cannot be replaced; register another name")
+    INITS[spec.name] = spec
+    return spec
+
+
+def get_init(name: str) -> InitSpec:
+    if isinstance(name, InitSpec):
+        return name
+    if name not in INITS:
+        raise TcalError(f"unknown init {name!r}; choose one of {', '.join(INITS)}")
+    return INITS[name]
+
+
+def parse_inits(spec: str) -> list[str]:
+    """'copy,taylor' -> ['copy', 'taylor']: known inits, none twice (the --inits of ablate and recover)."""
+    inits = [s.strip() for s in spec.split(",") if s.strip()]
+    if not inits:
+        raise TcalError("--inits is empty; e.g. --inits copy,taylor")
+    if len(set(inits)) != len(inits):
+        raise TcalError(f"--inits lists an init twice: {spec}")
+    for init in inits:
+        get_init(init)
+    return inits
+
+
+for _spec in (
+    InitSpec("copy", "copied projections (W_q, W_o; W_k, W_v per GQA group), fla's default init for the rest"),
+    InitSpec("zero-gate", "copy + W_g = 0: every GDN layer starts silent", zero_gate=True),
+    InitSpec("phase1", "copy + Phase 1 as published (reference)", calibrated=True, phase1="reference"),
+    InitSpec("phase1-exact", "copy + exact Phase 1 (targets realised exactly, output-space least squares)",
+             calibrated=True, phase1="exact"),
+    InitSpec("phase2", "copy + Phase 2 only (layer-local alignment)", calibrated=True, phase2=True),
+    InitSpec("taylor", "the paper's recipe: reference Phase 1 + Phase 2", calibrated=True, phase1="reference",
+             phase2=True),
+    InitSpec("taylor-exact", "exact Phase 1 + Phase 2", calibrated=True, phase1="exact", phase2=True),
+    InitSpec("taylor-exact-silent", "exact decay and write gate, near-silent output gate, + Phase 2",
+             calibrated=True, phase1="exact-silent", phase2=True),
+):
+    register_init(_spec)
+_BUILTIN_NAMES = frozenset(INITS)

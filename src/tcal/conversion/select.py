@@ -1,0 +1,182 @@
+"""Layer selection by score: which layers stay softmax attention (policies: tcal.conversion.policy).
+
+    ar:K          attention removal: zero each layer's attention output in turn, keep the K whose
+                  removal raises held-out PPL most
+    ga:K          greedy addition: for each layer i, a student keeping only i as attention (the rest
+                  converted with the chosen init); keep the K whose students score best
+
+Scores are measured on a validation slice of the *calibration* split (never on the evaluation
+corpus) and cached by (teacher, data, protocol, init).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tcal.conversion.initialise import initialise
+from tcal.conversion.policy import parse_policy, top_k, uniform_layers
+from tcal.conversion.surgery import build_hybrid
+from tcal.data.tokens import token_windows
+from tcal.evaluate import window_ppl
+from tcal.utils.atomic import write_json
+from tcal.utils.cache import cache_root
+from tcal.utils.errors import TcalError
+
+
+@torch.no_grad()
+def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: bool = True) -> list[float]:
+    """Held-out PPL of the teacher with layer i's attention output zeroed, for every i."""
+    scores = []
+    layers = teacher.model.layers
+    for i in tqdm(range(len(layers)), desc="ar: remove each attention layer", disable=not progress):
+        hook = layers[i].self_attn.register_forward_hook(
+            lambda mod, args, out: (torch.zeros_like(out[0]), *out[1:])
+        )
+        try:
+            scores.append(window_ppl(teacher, windows, batch_size=batch_size, progress=False))
+        finally:
+            hook.remove()
+    return scores
+
+
+def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, progress: bool = False,
+                        **init_options) -> dict:
+    """An initialised GDN module for every layer of the teacher.
+
+    Calibration is teacher-forced and layer-local, so a layer's GDN does not depend on which
+    other layers are converted: one hybrid keeping only layer 0 as attention covers layers
+    1..L-1, and one keeping every layer but 0 covers layer 0.
+    """
+    L = teacher.config.num_hidden_layers
+    modules = {}
+    for keep in ([0], list(range(1, L))):
+        hybrid = build_hybrid(teacher, keep, seed=seed)
+        initialise(hybrid, teacher, init, calib_ids, progress=progress, **init_options)
+        modules.update({i: m for i, m in hybrid.gdn_modules().items() if i not in modules})
+    return modules
+
+
+@contextlib.contextmanager
+def assemble(teacher, keep: list[int], modules: dict):
+    """Within the block, the teacher is the student keeping ``keep`` as attention and ``modules``
+    (layer -> GDN) everywhere else; its own attention modules are put back afterwards."""
+    layers = teacher.model.layers
+    originals = {i: layers[i].self_attn for i in range(len(layers))}
+    try:
+        for j in range(len(layers)):
+            if j not in keep:
+                layers[j].self_attn = modules[j]
+        yield teacher
+    finally:
+        for j, attn in originals.items():
+            layers[j].self_attn = attn
+
+
+@torch.no_grad()
+def ga_scores(teacher, windows: torch.Tensor, modules: dict, *, batch_size: int = 4,
+              progress: bool = True) -> list[float]:
+    """Held-out PPL of the student that keeps only layer i as attention, for every i."""
+    scores = []
+    for i in tqdm(range(len(teacher.model.layers)), desc="ga: score one-attention students", disable=not progress):
+        with assemble(teacher, [i], modules) as student:
+            scores.append(window_ppl(student, windows, batch_size=batch_size, progress=False))
+    return scores
+
+
+@dataclass
+class SelectionConfig:
+    data: str = "wiki:calib"
+    window: int = 512
+    val_windows: int = 8
+    skip_windows: int = 64  # the validation slice starts after the windows calibration may use
+    batch_size: int = 4
+    init: str = "copy"  # for ga
+    cache_dir: str | None = None
+
+
+@dataclass
+class Selection:
+    policy: str
+    layers: list[int]
+    scores: list[float] | None = None
+    score_name: str | None = None
+    seconds: float = 0.0
+    protocol: dict = field(default_factory=dict)
+    cached: bool = False
+
+
+def _teacher_key(teacher) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(teacher.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, p in list(teacher.named_parameters())[:4]:  # cheap fingerprint of the actual weights
+        h.update(name.encode())
+        h.update(p.detach().float().flatten()[:4096].cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_file(cfg: SelectionConfig, kind: str, teacher, extra: dict) -> Path:
+    key = json.dumps({"teacher": _teacher_key(teacher), "kind": kind, "data": cfg.data, "window": cfg.window,
+                      "val": cfg.val_windows, "skip": cfg.skip_windows, **extra}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return cache_root(cfg.cache_dir) / "selection" / f"{kind}-{digest}.json"
+
+
+def validation_windows(tokenizer, cfg: SelectionConfig) -> torch.Tensor:
+    """The validation slice: windows of the calibration split after the first ``skip_windows``."""
+    ids = token_windows(cfg.data, tokenizer, window=cfg.window, n_windows=cfg.skip_windows + cfg.val_windows)
+    return ids[cfg.skip_windows:]
+
+
+def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None = None, calib_ids=None,
+                  progress: bool = True, **init_options) -> Selection:
+    """Resolve a keep spec (list or policy) to the list of layers kept as attention.
+
+    ``ga`` converts every layer with ``cfg.init``; a calibrated init reads ``calib_ids``.
+    """
+    cfg = cfg or SelectionConfig()
+    L = teacher.config.num_hidden_layers
+    pol = parse_policy(spec, L)
+    if pol.kind == "list":
+        return Selection("list", sorted(pol.layers))
+    if pol.kind == "uniform":
+        return Selection(f"uniform:{pol.k}", uniform_layers(pol.k, L))
+    if tokenizer is None:
+        raise TcalError(f"keep policy {pol.kind}:{pol.k} scores layers on text: pass the teacher's tokenizer")
+    extra = {}
+    if pol.kind == "ga":
+        extra = {"init": cfg.init, **{k: str(v) for k, v in init_options.items()}}
+        if calib_ids is not None:
+            extra["calib_ids"] = hashlib.sha256(torch.as_tensor(calib_ids).cpu().numpy().tobytes()).hexdigest()[:16]
+    path = _cache_file(cfg, pol.kind, teacher, extra)
+    protocol = {"data": cfg.data, "window": cfg.window, "val_windows": cfg.val_windows,
+                "skip_windows": cfg.skip_windows, **extra}
+    if path.exists():
+        rec = json.loads(path.read_text())
+        scores, seconds, cached = rec["scores"], rec["seconds"], True
+    else:
+        windows = validation_windows(tokenizer, cfg)
+        t0 = time.perf_counter()
+        if pol.kind == "ar":
+            scores = ar_scores(teacher, windows, batch_size=cfg.batch_size, progress=progress)
+        else:
+            modules = gdn_for_every_layer(teacher, cfg.init, calib_ids, progress=progress, **init_options)
+            scores = ga_scores(teacher, windows, modules, batch_size=cfg.batch_size, progress=progress)
+        seconds, cached = time.perf_counter() - t0, False
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"scores": scores, "seconds": seconds, "protocol": protocol})
+    # ar: the layers whose removal hurts most stay; ga: the best one-attention students win.
+    layers = top_k(scores, pol.k, largest=(pol.kind == "ar"))
+    name = "ppl_with_layer_attention_removed" if pol.kind == "ar" else "ppl_keeping_only_this_layer"
+    return Selection(f"{pol.kind}:{pol.k}", layers, scores, name, seconds, protocol, cached)
+
+
+def selection_record(sel: Selection) -> dict:
+    return asdict(sel)

@@ -1,0 +1,125 @@
+"""Surgery: a teacher and the layers it keeps as attention -> a hybrid with every teacher weight in
+place and the converted layers' projections copied into fresh GDN layers."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+from transformers import PreTrainedModel
+
+from tcal.conversion.policy import layer_index
+from tcal.models.configuration_hybrid import FULL, LINEAR, HybridConfig
+from tcal.models.modeling_hybrid import HybridForCausalLM
+from tcal.modules.gdn import GatedDeltaNet
+from tcal.utils.errors import TcalError
+
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def check_teacher(teacher: PreTrainedModel) -> None:
+    model_type = getattr(teacher.config, "model_type", None)
+    if model_type == HybridConfig.model_type:
+        raise TcalError("the teacher is already a tcal hybrid; convert the original Transformer instead")
+    if model_type not in SUPPORTED_FAMILIES:
+        raise TcalError(
+            f"unsupported architecture {model_type!r}; tcal converts {', '.join(SUPPORTED_FAMILIES)} "
+            "decoder-only models"
+        )
+
+
+def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
+    """Validate an explicit list of layers kept as softmax attention."""
+    if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
+        raise TcalError(f"keep must be a list of layer indices, got {keep!r}")
+    keep = [layer_index(i) for i in keep]
+    if not keep:
+        raise TcalError(
+            "keep is empty: keep at least one softmax-attention layer (tcal builds hybrids; "
+            "an all-GDN model is not supported)"
+        )
+    bad = [i for i in keep if not 0 <= i < num_layers]
+    if bad:
+        raise TcalError(f"keep index {bad[0]} out of range: the teacher has {num_layers} layers (0..{num_layers - 1})")
+    dupes = sorted({i for i in keep if keep.count(i) > 1})
+    if dupes:
+        raise TcalError(f"keep lists layer {dupes[0]} more than once; give each layer index once")
+    if len(keep) == num_layers:
+        raise TcalError(f"keep lists all {num_layers} layers: nothing would be converted; keep fewer layers")
+    return sorted(keep)
+
+
+def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], **gdn_options) -> HybridConfig:
+    check_teacher(teacher)
+    tcfg = teacher.config
+    keep = check_keep(keep, tcfg.num_hidden_layers)
+    attn = teacher.model.layers[keep[0]].self_attn
+    teacher_types = getattr(tcfg, "layer_types", None) or [FULL] * tcfg.num_hidden_layers
+    layer_types = [teacher_types[i] if i in keep else LINEAR for i in range(tcfg.num_hidden_layers)]
+    base = tcfg.to_dict()
+    options = {
+        "gdn_qkv_bias": attn.q_proj.bias is not None,
+        "gdn_o_bias": attn.o_proj.bias is not None,
+        "gdn_qk_norm": hasattr(attn, "q_norm"),
+        "gdn_norm_eps": getattr(tcfg, "rms_norm_eps", 1e-5),
+    }
+    for name, value in gdn_options.items():
+        key = name if name.startswith("gdn_") else f"gdn_{name}"
+        if key not in HybridConfig.__dataclass_fields__:
+            raise TcalError(f"unknown GDN option {name!r}")
+        options[key] = value
+    cfg = HybridConfig(base_config=base, layer_types=layer_types, **options)
+    cfg._attn_implementation = tcfg._attn_implementation
+    return cfg
+
+
+def repeat_kv_rows(w: torch.Tensor, num_kv_heads: int, num_heads: int) -> torch.Tensor:
+    """(KV * d, ...) -> (H * d, ...): each KV head's rows repeated for its query group (HF repeat_kv order)."""
+    d = w.shape[0] // num_kv_heads
+    return w.reshape(num_kv_heads, d, *w.shape[1:]).repeat_interleave(num_heads // num_kv_heads, dim=0).reshape(
+        num_heads * d, *w.shape[1:]
+    )
+
+
+@torch.no_grad()
+def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: int) -> None:
+    """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried."""
+    H = gdn.num_heads
+    gdn.q_proj.weight.copy_(attn.q_proj.weight)
+    gdn.k_proj.weight.copy_(repeat_kv_rows(attn.k_proj.weight, num_kv_heads, H))
+    gdn.v_proj.weight.copy_(repeat_kv_rows(attn.v_proj.weight, num_kv_heads, H))
+    gdn.o_proj.weight.copy_(attn.o_proj.weight)
+    if gdn.shape.qkv_bias:
+        gdn.q_proj.bias.copy_(attn.q_proj.bias)
+        gdn.k_proj.bias.copy_(repeat_kv_rows(attn.k_proj.bias, num_kv_heads, H))
+        gdn.v_proj.bias.copy_(repeat_kv_rows(attn.v_proj.bias, num_kv_heads, H))
+    if gdn.shape.o_bias:
+        gdn.o_proj.bias.copy_(attn.o_proj.bias)
+    if gdn.shape.qk_norm:
+        gdn.q_norm.weight.copy_(attn.q_norm.weight)
+        gdn.k_norm.weight.copy_(attn.k_norm.weight)
+
+
+def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, **gdn_options) -> HybridForCausalLM:
+    """The hybrid with every teacher weight in place and GDN layers in fla-default init + copied projections."""
+    cfg = hybrid_config_for(teacher, keep, **gdn_options)
+    param = next(teacher.parameters())
+    with torch.device(param.device):
+        hybrid = HybridForCausalLM(cfg).to(param.dtype)
+    gdn_prefixes = tuple(f"model.layers.{i}.self_attn." for i in cfg.gdn_layers)
+    state = {k: v for k, v in teacher.state_dict().items() if not k.startswith(gdn_prefixes)}
+    missing, unexpected = hybrid.load_state_dict(state, strict=False)
+    stray = [k for k in missing if not k.startswith(gdn_prefixes) and k != "lm_head.weight"]
+    stray += list(unexpected)
+    if stray:
+        raise TcalError(f"teacher and hybrid layouts differ at {stray[0]!r}; is this a supported architecture?")
+    gen = torch.Generator(device=param.device).manual_seed(seed)
+    for i, gdn in hybrid.gdn_modules().items():
+        gdn.reset_parameters(std=cfg.initializer_range, generator=gen)
+        copy_attention_into_gdn(teacher.model.layers[i].self_attn, gdn, cfg.num_key_value_heads)
+    if teacher.generation_config is not None:
+        hybrid.generation_config = teacher.generation_config
+    hybrid.train(teacher.training)
+    return hybrid
+
+

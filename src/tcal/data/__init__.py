@@ -1,0 +1,1 @@
+"""Data: corpora, tokens and windows, token streams, token pools and their sources, teachers."""

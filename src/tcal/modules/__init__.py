@@ -1,0 +1,1 @@
+"""Building blocks of the GDN layer: norms, short convolution, the GatedDeltaNet module and its options."""

@@ -1,0 +1,173 @@
+"""`tcal ablate`: every initialisation strategy on identical layers and data, one table.
+
+Calibration tokens come from the calibration split (default ``wiki:calib``); perplexity from the
+evaluation split (default ``wiki:eval``); the two are disjoint and the report says which is
+which. The teacher's activations and statistics are taken once
+(:func:`tcal.taylor.pipeline.prepare`) and shared by every calibrated init.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, TeacherArgs, arg
+
+log = logging.getLogger("tcal")
+
+BASELINES = ("copy", "zero-gate", "phase1", "phase2", "taylor")
+OURS = "taylor-exact-silent"
+
+
+@dataclass
+class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, DeviceArgs):
+    keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, K%)")
+    inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
+    align_steps: int = arg(150, "Phase 2 AdamW steps per layer (reference: 300; 150 keeps the default run "
+                                "within 15 minutes on 2 CPU cores)")
+    eval_windows: int = arg(16, "evaluation windows (the first N, non-overlapping; 64 is the full protocol, 16 "
+                                "keeps the default run within 15 minutes on 2 CPU cores)")
+    out: str = arg("runs/ablate", "output directory (written atomically)")
+    seed: int = arg(0, "seed of the random parts of every init")
+    progress: bool = arg(True, "progress bars")
+
+
+def run(cfg: AblateConfig) -> dict:
+    from tcal.conversion.convert import calibration_ids, convert_with_record
+    from tcal.conversion.inits import get_init, parse_inits
+    from tcal.conversion.select import SelectionConfig, select_layers
+    from tcal.data.corpora import check_disjoint
+    from tcal.data.teachers import load_teacher
+    from tcal.data.tokens import token_windows
+    from tcal.evaluate import perplexity_report
+    from tcal.report.plots import plot_ablation
+    from tcal.taylor.phase2 import AlignConfig
+    from tcal.taylor.pipeline import prepare
+    from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.errors import TcalError
+    from tcal.utils.runtime import resolve_device
+
+    check_disjoint(cfg.calib, cfg.eval, role="calibration")
+    inits = parse_inits(cfg.inits)
+    align = AlignConfig(steps=cfg.align_steps)
+    device = resolve_device(cfg.device)
+    t_start = time.perf_counter()
+    teacher, tok = load_teacher(cfg.teacher, device=device)
+    if tok is None:
+        raise TcalError(f"teacher {cfg.teacher} has no tokenizer; ablate needs one to read the corpora")
+    L = teacher.config.num_hidden_layers
+    sel = select_layers(teacher, cfg.keep, tokenizer=tok, cfg=SelectionConfig(data=cfg.calib), progress=cfg.progress)
+    keep = sel.layers
+    gdn_layers = [i for i in range(L) if i not in keep]
+    eval_ids = token_windows(cfg.eval, tok, window=cfg.eval_window, n_windows=cfg.eval_windows)
+
+    def ppl(model) -> dict:
+        r = perplexity_report(model, tok, eval_ids, progress=cfg.progress)
+        return {"ppl": r["ppl"], "seconds": r["seconds"]}
+
+    teacher_eval = ppl(teacher)
+    log.info("teacher PPL %.3f on %s (%d x %d)", teacher_eval["ppl"], cfg.eval, cfg.eval_windows, cfg.eval_window)
+    calibration, stats_s = None, 0.0
+    if any(get_init(i).calibrated for i in inits):
+        t0 = time.perf_counter()
+        ids = calibration_ids(cfg.calib, tok, cfg.calib_window, cfg.calib_windows)
+        calibration = prepare(teacher, ids, gdn_layers, heldout_frac=align.heldout_frac, progress=cfg.progress)
+        stats_s = time.perf_counter() - t0
+
+    rows = []
+    for init in inits:
+        log.info("init %s", init)
+        spec = get_init(init)
+        options = {"calib_ids": calibration, "align": align, "progress": cfg.progress} if spec.calibrated else {}
+        t0 = time.perf_counter()
+        conv = convert_with_record(teacher, keep, init, seed=cfg.seed, **options)
+        convert_s = time.perf_counter() - t0
+        res = ppl(conv.hybrid)
+        detail = conv.record.get("detail", {})
+        rows.append({
+            "init": init, "ppl": res["ppl"], "convert_s": convert_s,
+            "per_layer_s": convert_s / len(gdn_layers), "phase_seconds": _phase_seconds(detail),
+            "heldout_fit": _heldout_fit(detail),
+        })
+        log.info("  %s: PPL %.2f (convert %.1f s)", init, res["ppl"], convert_s)
+        del conv
+    copy_ppl = next((r["ppl"] for r in rows if r["init"] == "copy"), None)
+    for r in rows:
+        r["copy_over_init"] = copy_ppl / r["ppl"] if copy_ppl else None
+    result = {
+        "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"], "keep": keep, "gdn_layers": gdn_layers,
+        "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
+        "calibration": {"data": cfg.calib, "windows": cfg.calib_windows, "window": cfg.calib_window,
+                        **(calibration.record() if calibration is not None else {}),
+                        "role": "teacher statistics, Phase 1 and Phase 2 training on the first 75% of the "
+                                "sequences; the last 25% only pick Phase 2's best state"},
+        "evaluation": {"data": cfg.eval, "windows": cfg.eval_windows, "window": cfg.eval_window,
+                       "role": "held-out perplexity only; disjoint from the calibration split"},
+        "stats_s": stats_s, "stats_per_layer_s": stats_s / len(gdn_layers), "device": device,
+        "rows": rows, "total_s": time.perf_counter() - t_start,
+    }
+    with atomic_dir(cfg.out) as tmp:
+        write_json(tmp / "ablation.json", result)
+        (tmp / "ablation.md").write_text(ablation_markdown(result))
+        plot_ablation(result, tmp / "ablation.png", baselines=BASELINES)
+        if calibration is not None:
+            write_json(tmp / "teacher_stats.json", calibration.stats.to_dict())
+        write_json(tmp / "tcal_config.json", {"stage": "ablate", **dataclasses.asdict(cfg)})
+    print(ablation_markdown(result))
+    print(f"wrote {cfg.out} ({result['total_s']:.0f} s): ablation.md, ablation.json, ablation.png, "
+          f"teacher_stats.json, tcal_config.json")
+    return result
+
+
+def _phase_seconds(detail: dict) -> dict:
+    """Sum of per-layer wall times each phase recorded."""
+    out = {}
+    for phase in ("phase1", "phase2"):
+        recs = detail.get(phase) or {}
+        secs = [r.get("wall_s") for r in recs.values() if isinstance(r, dict)]
+        secs = [s for s in secs if isinstance(s, (int, float))]
+        if secs:
+            out[phase] = sum(secs)
+    return out
+
+
+def _heldout_fit(detail: dict) -> float | None:
+    """Mean held-out cosine of the layer outputs after Phase 2 (if the strategy ran Phase 2)."""
+    recs = detail.get("phase2") or {}
+    vals = [r.get("heldout_cos") for r in recs.values() if isinstance(r, dict)]
+    vals = [v for v in vals if isinstance(v, (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def ablation_markdown(res: dict) -> str:
+    from tcal.report.plots import fmt_ppl
+
+    frac = res["converted_fraction"]
+    cal = res["calibration"]
+    lines = [
+        f"## Ablation: {res['teacher']}, {len(res['gdn_layers'])}/{len(res['gdn_layers']) + len(res['keep'])} "
+        f"layers converted ({frac:.0%}), attention kept at {res['keep']}",
+        "",
+        f"- calibration: `{cal['data']}`, {cal['windows']} x {cal['window']} tokens ({cal['role']})",
+        f"- evaluation: `{res['evaluation']['data']}`, first {res['evaluation']['windows']} x "
+        f"{res['evaluation']['window']} tokens ({res['evaluation']['role']})",
+        f"- teacher PPL {res['teacher_ppl']:.2f}; capture + statistics {res['stats_s']:.1f} s "
+        f"({res['stats_per_layer_s']:.2f} s/layer) on {res['device']}",
+        "",
+        "| init | held-out PPL | copy / init | x teacher | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | convert s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    n = len(res["gdn_layers"])
+    for r in res["rows"]:
+        ps = r["phase_seconds"]
+        cos = f"{r['heldout_fit']:.3f}" if r["heldout_fit"] is not None else "-"
+        lines.append(
+            f"| {r['init']} | {fmt_ppl(r['ppl'])} | {r['copy_over_init']:.1f}x | {r['ppl'] / res['teacher_ppl']:.1f} | "
+            f"{cos} | {_fmt_s(ps.get('phase1'), n)} | {_fmt_s(ps.get('phase2'), n)} | {r['convert_s']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_s(total, n) -> str:
+    return f"{total / n:.2f}" if total is not None else "-"

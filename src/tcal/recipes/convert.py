@@ -1,0 +1,97 @@
+"""`tcal convert`: convert a teacher into a hybrid, report its held-out PPL, save it."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcal.conversion.inits import INITS
+from tcal.conversion.policy import POLICIES
+from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, TeacherArgs, arg
+
+KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
+             ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%)")
+
+
+@dataclass
+class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, DeviceArgs):
+    keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28", KEEP_HELP)
+    init: str = arg("copy", "initialisation of the GDN layers: " + ", ".join(INITS))
+    out: str = arg("runs/convert", "output directory (written atomically)")
+    dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
+    seed: int = arg(0, "seed for the random parts of the initialisation")
+
+
+def run(cfg: ConvertConfig) -> Path:
+    import torch
+
+    from tcal.conversion.convert import convert_with_record
+    from tcal.conversion.inits import get_init
+    from tcal.conversion.policy import parse_keep
+    from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.teachers import load_teacher
+    from tcal.evaluate import perplexity_report
+    from tcal.taylor.phase2 import AlignConfig
+    from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.runtime import resolve_device, resolve_dtype
+
+    spec = get_init(cfg.init)
+    if cfg.eval.lower() != "none":
+        check_disjoint(cfg.calib, cfg.eval, role="calibration")
+    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    t0 = time.perf_counter()
+    teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
+    timings = {"load_teacher_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    conv = convert_with_record(
+        teacher, parse_keep(cfg.keep), spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
+        calib_window=cfg.calib_window, calib_windows=cfg.calib_windows, progress=True,
+        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
+        **({"align": AlignConfig(steps=cfg.align_steps)} if spec.calibrated else {}),
+    )
+    hybrid, record = conv.hybrid, conv.record
+    timings["convert_s"] = time.perf_counter() - t0
+    report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
+              "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
+              "calibration": record.get("calibration")}
+    if cfg.eval.lower() != "none":
+        corpus = as_corpus(cfg.eval)  # read once for both models
+        report["eval"] = {
+            name: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows)
+            for name, model in (("teacher", teacher), ("hybrid", hybrid))
+        }
+    stats = record["detail"].get("statistics")
+    with atomic_dir(cfg.out) as tmp, torch.no_grad():
+        hybrid.save_pretrained(tmp, atomic=False)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_json(tmp / "tcal_config.json", {"stage": "convert", **dataclasses.asdict(cfg)})
+        write_json(tmp / "report.json", report)
+        (tmp / "report.md").write_text(convert_markdown(cfg, report))
+        if stats is not None:
+            write_json(tmp / "teacher_stats.json", stats)
+    print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, "
+          f"attention kept at {hybrid.config.attention_layers}")
+    for name, r in report.get("eval", {}).items():
+        print(f"  {name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
+    return Path(cfg.out)
+
+
+def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
+    lt = report["layer_types"]
+    lines = [f"# tcal convert: {cfg.teacher} -> hybrid ({cfg.init})", "",
+             f"- attention kept at {[i for i, t in enumerate(lt) if t != 'linear_attention']}, "
+             f"{lt.count('linear_attention')}/{len(lt)} layers converted to Gated DeltaNet"]
+    if report.get("calibration"):
+        c = report["calibration"]
+        lines.append(f"- calibration data: `{c['data']}`, {c['sequences']} x {c['tokens_per_sequence']} tokens "
+                     "(statistics and Phase 1 on the first three quarters; the last quarter picks Phase 2's best state)")
+    if report.get("eval"):
+        lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
+                     f"first {cfg.eval_windows} x {cfg.eval_window} tokens")
+        lines += ["", "| model | held-out PPL |", "|---|---:|"]
+        lines += [f"| {name} | {r['ppl']:.2f} |" for name, r in report["eval"].items()]
+    lines += ["", "| stage | seconds |", "|---|---:|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
+    return "\n".join(lines) + "\n"

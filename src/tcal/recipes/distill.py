@@ -1,0 +1,157 @@
+"""`tcal distill`: distil a saved hybrid against its frozen teacher's logits.
+
+``OUT.partial/`` holds the run while it is in progress (checkpoints for ``--resume``, ``curve.csv``
+for watching). At the end ``OUT/`` is written in one rename: the final model (safetensors) and
+tokenizer, ``curve.csv``, ``curve.png``, ``report.json``, ``report.md``, ``tcal_config.json``; then
+the partial directory is removed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcal.train.config import TrainOptions
+from tcal.utils.config import TeacherArgs, arg
+
+
+@dataclass
+class DistillConfig(TrainOptions, TeacherArgs):
+    hybrid: str = arg("runs/convert", "the hybrid to distill: a directory written by `tcal convert`")
+    data: str = arg("", "training tokens: a token pool directory (tcal pool), a .npy file or a corpus spec")
+    tokens: int = arg(1_000_000, "training-token budget (rounded up to whole steps)")
+    out: str = arg("runs/distill", "output directory (written atomically; progress in OUT.partial/)")
+
+
+def start_partial(out, resume: bool) -> Path:
+    """The run's partial directory: refused if it holds an interrupted run and ``resume`` is off;
+    removed if it holds no checkpoint (killed before the first one: start again)."""
+    from tcal.train.checkpoint import has_checkpoint, partial_dir
+    from tcal.utils.errors import TcalError
+
+    partial = partial_dir(out)
+    if partial.is_dir() and not resume:
+        raise TcalError(f"{partial} holds an interrupted run; pass --resume to continue it, or delete it")
+    if partial.is_dir() and not has_checkpoint(out):
+        shutil.rmtree(partial)
+    return partial
+
+
+def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> None:
+    """Write a finished run's directory in one rename and remove its partial directory."""
+    from tcal.report.plots import plot_curve
+    from tcal.train.checkpoint import partial_dir, save_model
+    from tcal.train.curve import curve_csv
+    from tcal.utils.atomic import atomic_dir, write_json
+
+    out = Path(out)
+    resolved = {"stage": "distill", **report["config"],
+                "resolved": {k: report[k] for k in ("device", "precision", "total_steps", "tokens_per_step",
+                                                    "warmup_steps", "train_windows")}}
+    with atomic_dir(out) as tmp:
+        save_model(student, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / "curve.csv").write_text(curve_csv(report["curve"]))
+        plot_curve(report["curve"], tmp / "curve.png", teacher_ppl=report["teacher_ppl"], title=title)
+        write_json(tmp / "tcal_config.json", resolved)
+        write_json(tmp / "report.json", report)
+        (tmp / "report.md").write_text(report_markdown(report, cfg))
+    shutil.rmtree(partial_dir(out), ignore_errors=True)
+
+
+def run(cfg: DistillConfig, *, callback=None) -> dict:
+    """``tcal distill``: load the hybrid and the teacher, distil, write ``cfg.out``."""
+    import torch
+
+    from tcal.data.corpora import check_disjoint
+    from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
+    from tcal.train.config import changed_settings, check_train_options
+    from tcal.train.trainer import distill
+    from tcal.utils.atomic import write_json
+    from tcal.utils.errors import TcalError
+    from tcal.utils.runtime import resolve_device, resolve_dtype
+
+    check_train_options(cfg, cfg.tokens)
+    settings = dataclasses.asdict(cfg)
+    if cfg.resume:
+        done = finished_report(cfg.out)
+        if done is not None and not has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):
+            print(f"{cfg.out} is already finished; nothing to resume")
+            return done
+    check_disjoint(cfg.data, cfg.eval)
+    device = resolve_device(cfg.device)
+    teacher, tok_t = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
+    student = tok_s = None
+    if not (cfg.resume and has_checkpoint(cfg.out)):
+        if not Path(cfg.hybrid).is_dir():
+            raise TcalError(f"hybrid {cfg.hybrid} is not a directory; write one with `tcal convert --out DIR`")
+        student, tok_s = load_model_and_tokenizer(cfg.hybrid, dtype=torch.float32, device=device)
+    tokenizer = tok_s or tok_t
+    train_tokens, info = load_token_stream(cfg.data, tokenizer)
+    eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
+    partial = start_partial(cfg.out, cfg.resume)
+    report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens, eval_ids=eval_ids,
+                              partial=partial, settings=settings, callback=callback)
+    report.update(budget_tokens=cfg.tokens, data=info)
+    if report["status"] == "paused":
+        print(f"tcal distill: paused at {report['tokens']:,} of {report['total_steps'] * report['tokens_per_step']:,} "
+              f"tokens; rerun with --resume to continue ({partial})", file=sys.stderr)
+        write_json(partial / "report.partial.json", report)
+        return report
+    finish_run(cfg.out, report, student, tokenizer, cfg, title=f"distill {Path(cfg.out).name}")
+    tp = report["train_tokens_per_s"]
+    print(f"wrote {cfg.out}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after "
+          f"{report['tokens']:,} tokens (teacher {report['teacher_ppl']:.2f}); "
+          f"{tp:,.0f} tokens/s, peak memory {human_bytes(report['peak_memory']['bytes'])}")
+    return report
+
+
+def human_bytes(n) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def report_markdown(report: dict, cfg) -> str:
+    data = report.get("data") or {}
+    n_data = data.get("tokens")
+    data_line = f"- training data: {data.get('name', cfg.data)}"
+    if isinstance(n_data, int):
+        data_line += (f" ({n_data:,} tokens = {report['train_windows']:,} windows of {cfg.seq_len}; "
+                      f"{report['epochs']:.2f} epochs used)")
+    teacher = report.get("teacher_ppl")
+    tp = report.get("train_tokens_per_s")
+    lines = [
+        f"# Distillation of {cfg.hybrid}",
+        "",
+        f"- teacher: {cfg.teacher}",
+        data_line,
+        f"- trained: {report['tokens']:,} tokens in {report['steps']:,} steps of {report['tokens_per_step']:,} "
+        f"tokens ({cfg.batch_size} x {cfg.seq_len}); parameters: {cfg.train} ({report['trainable_params']:,})",
+        f"- objective: (1 - {cfg.ce_weight}) KL(teacher || student) + {cfg.ce_weight} CE, chunks of {cfg.kl_chunk} "
+        f"rows; AdamW lr {cfg.lr}, {cfg.schedule} schedule, {report['warmup_steps']} warm-up steps, "
+        f"weight decay {cfg.weight_decay}, grad clip {cfg.grad_clip}",
+        f"- evaluation: {cfg.eval}, first {report['eval']['windows']} windows of {report['eval']['window']} tokens",
+        f"- device: {report['device']}, {report['precision']}",
+        "",
+        "| model | held-out PPL |",
+        "|---|---|",
+        f"| teacher | {teacher:.3f} |" if teacher else "| teacher | n/a |",
+        f"| student before distillation | {report['zero_shot_ppl']:.3f} |",
+        f"| student after {report['tokens']:,} tokens | {report['final_ppl']:.3f} |",
+        "",
+    ]
+    if tp:
+        lines.append(f"Throughput: {tp:,.0f} training tokens/s (training steps only; evaluation and checkpoints "
+                     f"excluded). Wall time {report['elapsed_s']:.1f} s over {report['segments']} session(s).")
+    lines += [
+        f"Peak memory: {human_bytes(report['peak_memory']['bytes'])} ({report['peak_memory']['kind']}).",
+        "",
+        "Curve: curve.csv, curve.png.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,291 @@
+"""`tcal recover`: how many distillation tokens each initialisation needs.
+
+For each init (``copy``, ``taylor``, ...): convert the teacher with the same kept layers and
+seed, then distil with the same data, data order, schedule and token budget. The teacher's
+held-out PPL is computed once with the same evaluation protocol as the curves. Outputs
+(``OUT/``, written by renaming ``OUT.partial/`` once every run is finished)::
+
+    <init>/               each distillation run (final model, curve.csv, curve.png, report.*)
+    recovery.png          all curves, held-out PPL vs training tokens
+    recovery.md / .json   tokens to reach 1.1x / 1.2x / 1.5x / 2x teacher PPL and the copy
+                          run's final PPL, per init, and the ratio copy / init per target
+    report.md, tcal_config.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcal.recipes.distill import DistillConfig, finish_run, start_partial
+from tcal.train.config import SCHEDULES, TrainOptions
+from tcal.utils.config import CalibArgs, GDNArgs, TeacherArgs, arg
+
+# Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
+RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device"}
+
+
+@dataclass
+class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs):
+    keep: str = arg("0,4,8,12,16,20,24,28", "layers kept as softmax attention: a list like 0,4,8")
+    inits: str = arg("copy,taylor", "initialisations to compare, comma-separated (copy is the baseline)")
+    data: str = arg("", "training tokens: a token pool directory (tcal pool), a .npy file or a corpus spec")
+    tokens: int = arg(20_000_000, "training-token budget of every run (rounded up to whole steps)")
+    out: str = arg("runs/recover", "output directory (written atomically; progress in OUT.partial/)")
+    calib_window: int = arg(512, "calibration sequence length in tokens (a distillation run is GPU work; "
+                                 "it affords 16x the reference's calibration tokens)")
+    calib_windows: int = arg(32, "number of calibration sequences (the first N windows)")
+    # Constant after warm-up: the curve up to t tokens does not depend on the budget, so the
+    # tokens-to-target numbers are a property of the init, not of --tokens.
+    schedule: str = arg("constant", "learning-rate schedule after the warm-up", choices=SCHEDULES)
+    eval_every: int = arg(500_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
+    eval_early: int = arg(6, "extra early evaluations at eval-every/2, /4, ... (this many)")
+
+
+def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConfig:
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainOptions)}
+    return DistillConfig(**shared, hybrid=f"{cfg.teacher} keep={cfg.keep} init={init}", teacher=cfg.teacher,
+                         data=str(cfg.data), tokens=cfg.tokens, out=str(run_dir))
+
+
+def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
+    """Check every argument, then open (or reopen, with --resume) the partial directory."""
+    from tcal.conversion.inits import parse_inits
+    from tcal.conversion.policy import parse_keep
+    from tcal.data.corpora import check_disjoint
+    from tcal.train.checkpoint import partial_dir
+    from tcal.train.config import changed_settings, check_train_options
+    from tcal.utils.atomic import write_json
+    from tcal.utils.errors import TcalError
+
+    check_train_options(cfg, cfg.tokens)
+    inits = parse_inits(cfg.inits)
+    keep = parse_keep(cfg.keep)
+    if isinstance(keep, str):
+        raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
+    check_disjoint(cfg.data, cfg.eval)
+    check_disjoint(cfg.calib, cfg.eval, role="calibration")
+    work = partial_dir(cfg.out)
+    if work.exists() and not cfg.resume:
+        raise TcalError(f"{work} holds an interrupted recovery run; pass --resume to continue it, or delete it")
+    if work.exists():
+        saved_file = work / "recover_config.json"
+        saved = json.loads(saved_file.read_text()) if saved_file.is_file() else {}
+        diff = changed_settings(saved, dataclasses.asdict(cfg), free=RESUME_FREE)
+        if saved and diff:
+            raise TcalError(f"cannot resume {work}: settings changed ({', '.join(diff)}); use the same settings")
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / "recover_config.json", dataclasses.asdict(cfg))
+    return inits, keep, work
+
+
+def _teacher_ppl(cfg: RecoverConfig, work: Path, teacher, eval_ids) -> float:
+    """The teacher's PPL once, with the same protocol as every curve point (kept across resumes)."""
+    from tcal.evaluate import window_ppl
+    from tcal.utils.atomic import write_json
+
+    tfile = work / "teacher_ppl.json"
+    if tfile.is_file():
+        return json.loads(tfile.read_text())["ppl"]
+    ppl = window_ppl(teacher, eval_ids, batch_size=4, progress=cfg.progress, desc="teacher PPL")
+    write_json(tfile, {"ppl": ppl, "eval": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows})
+    return ppl
+
+
+def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work: Path):
+    """The init's weights before training, converted now or loaded from an earlier call: a call
+    killed between a long calibration and the first checkpoint does not calibrate again."""
+    import torch
+
+    from tcal.conversion.convert import convert_with_record
+    from tcal.conversion.inits import get_init
+    from tcal.data.streams import eval_windows_for
+    from tcal.taylor.phase2 import AlignConfig
+    from tcal.train.checkpoint import load_model, save_model
+    from tcal.utils.atomic import write_json
+
+    converted, info_file = work / f"{init}.converted", work / f"{init}.init.json"
+    if converted.is_dir() and info_file.is_file():
+        print(f"{init}: converted earlier, loaded from {converted}")
+        return load_model(converted), json.loads(info_file.read_text())
+    spec = get_init(init)
+    kw = {}
+    if spec.calibrated:
+        # the first windows of --calib: a corpus (tokenised), a .npy token file or a token pool
+        calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
+        kw = {"calib_ids": calib_ids,
+              "align": AlignConfig(steps=cfg.align_steps), "progress": cfg.progress}
+    t1 = time.time()
+    torch.manual_seed(cfg.seed)
+    conv = convert_with_record(teacher, keep, init, seed=cfg.seed, use_short_conv=cfg.use_short_conv,
+                               output_gate=cfg.output_gate, **kw)
+    info = {"init": init, "convert_s": time.time() - t1,
+            "calib": {"data": cfg.calib, "window": cfg.calib_window, "windows": cfg.calib_windows}
+            if spec.calibrated else None,
+            "init_report": jsonable(conv.record)}
+    tmp = work / f"{init}.converted.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(conv.hybrid, tmp)
+    shutil.rmtree(converted, ignore_errors=True)
+    tmp.rename(converted)
+    write_json(info_file, info)  # last: it marks the saved conversion complete
+    print(f"{init}: converted in {info['convert_s']:.1f} s")
+    return conv.hybrid, info
+
+
+def run(cfg: RecoverConfig, *, callback=None) -> dict:
+    """Convert with each init, distil each the same way, tabulate tokens-to-target."""
+    import torch
+
+    from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer, partial_dir
+    from tcal.train.trainer import distill
+    from tcal.utils.runtime import resolve_device, resolve_dtype
+
+    inits, keep, work = _start(cfg)
+    device = resolve_device(cfg.device)
+    t0 = time.time()
+    teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
+    load_s = time.time() - t0
+    train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
+    eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
+    teacher_ppl = _teacher_ppl(cfg, work, teacher, eval_ids)
+    print(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
+    reports, init_info = {}, {}
+    # --max-minutes bounds this whole call (conversions included); each run gets what is left.
+    deadline = t0 + cfg.max_minutes * 60 if cfg.max_minutes else None
+    for init in inits:
+        run_dir = work / init
+        info_file = work / f"{init}.init.json"
+        done = finished_report(run_dir)
+        if done is not None and done.get("status") == "done" and not partial_dir(run_dir).exists():
+            reports[init] = done
+            init_info[init] = json.loads(info_file.read_text()) if info_file.is_file() else {}
+            print(f"{init}: finished earlier, final PPL {done['final_ppl']:.3f}")
+            continue
+        if deadline is not None and time.time() >= deadline:
+            print(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work})",
+                  file=sys.stderr)
+            return {"status": "paused", "init": init, "work": str(work)}
+        student, info = None, {}
+        if not has_checkpoint(run_dir):
+            student, info = _converted_student(cfg, init, keep, teacher, tokenizer, work)
+        elif info_file.is_file():
+            info = json.loads(info_file.read_text())
+        dcfg = _distill_config(cfg, init, run_dir)
+        if deadline is not None:  # a positive remainder: at worst the run checkpoints right after step 0
+            dcfg.max_minutes = max((deadline - time.time()) / 60, 1e-6)
+        partial = start_partial(run_dir, resume=True)
+        report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
+                                  eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
+                                  settings=dataclasses.asdict(dcfg), callback=callback)
+        report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
+        if report["status"] != "done":
+            print(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
+            return {"status": "paused", "init": init, "work": str(work)}
+        finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}")
+        del student
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        shutil.rmtree(work / f"{init}.converted", ignore_errors=True)  # the run's output holds the trained weights
+        reports[init], init_info[init] = report, info
+        print(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
+              f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
+    return _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, load_s)
+
+
+def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s) -> dict:
+    from tcal.report.plots import plot_recovery
+    from tcal.report.targets import table_markdown, target_table
+    from tcal.utils.atomic import publish_dir, write_json
+
+    curves = {init: reports[init]["curve"] for init in inits}
+    table = target_table(curves, teacher_ppl)
+    run_keys = ("zero_shot_ppl", "final_ppl", "tokens", "steps", "epochs", "train_tokens_per_s", "train_s",
+                "elapsed_s", "peak_memory", "device", "precision", "trainable_params")
+    summary = {
+        "status": "done", "teacher": cfg.teacher, "teacher_ppl": teacher_ppl, "keep": keep, "inits": inits,
+        "eval": {"data": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows},
+        "data": data_info, "table": jsonable(table),
+        "runs": {init: {k: reports[init].get(k) for k in run_keys}
+                 | {"convert_s": init_info.get(init, {}).get("convert_s")} for init in inits},
+        "teacher_load_s": load_s,
+    }
+    md = table_markdown(table)
+    (work / "recovery.md").write_text(md)
+    write_json(work / "recovery.json", summary)
+    plot_recovery(curves, teacher_ppl, work / "recovery.png", table=table,
+                  title=f"{cfg.teacher}, attention kept at {cfg.keep}")
+    (work / "report.md").write_text(_report_markdown(cfg, summary, md))
+    write_json(work / "tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
+    (work / "recover_config.json").unlink(missing_ok=True)
+    (work / "teacher_ppl.json").unlink(missing_ok=True)
+    out = publish_dir(work, cfg.out)
+    print(md)
+    print(f"wrote {out}: recovery.md, recovery.json, recovery.png, report.md, tcal_config.json, "
+          + ", ".join(f"{i}/" for i in inits))
+    return summary
+
+
+def replot(run_dir) -> str | None:
+    """Redraw ``recovery.png`` of a finished ``tcal recover`` directory from its JSON and curves."""
+    from tcal.report.plots import plot_recovery
+    from tcal.train.curve import read_curve
+    from tcal.utils.errors import TcalError
+
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "recovery.json"
+    if not summary_path.is_file():
+        raise TcalError(f"{summary_path} not found: pass the output directory of a finished `tcal recover`")
+    summary = json.loads(summary_path.read_text())
+    curves = {init: read_curve(run_dir / init / "curve.csv") for init in summary["inits"]}
+    keep = ",".join(str(i) for i in summary["keep"])
+    return plot_recovery(curves, summary["teacher_ppl"], run_dir / "recovery.png", table=summary["table"],
+                         title=f"{summary['teacher']}, attention kept at {keep}")
+
+
+def jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "numel") and hasattr(obj, "tolist"):  # a tensor
+        return obj.tolist() if obj.numel() <= 64 else f"tensor{tuple(obj.shape)}"
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+def _report_markdown(cfg: RecoverConfig, summary: dict, table_md: str) -> str:
+    lines = [
+        f"# Recovery: {cfg.teacher}, attention kept at {cfg.keep}",
+        "",
+        f"- inits: {', '.join(summary['inits'])} (same layers, data, data order (seed {cfg.seed}), schedule, budget)",
+        f"- distillation: {cfg.tokens:,} tokens per init on {summary['data'].get('name', cfg.data)}, "
+        f"{cfg.batch_size} x {cfg.seq_len} tokens per step, AdamW lr {cfg.lr}, {cfg.schedule} schedule, "
+        f"KL(teacher || student) with CE weight {cfg.ce_weight}, training {cfg.train}",
+        f"- evaluation: {cfg.eval}, first {cfg.eval_windows} windows of {cfg.eval_window} tokens; "
+        f"teacher PPL {summary['teacher_ppl']:.3f}",
+        f"- calibration (inits that need it): {cfg.calib}, {cfg.calib_windows} x {cfg.calib_window} tokens",
+        "",
+        "| init | PPL before | PPL after | tokens | train tokens/s | convert s | peak memory |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for init, r in summary["runs"].items():
+        mem = (r.get("peak_memory") or {}).get("bytes")
+        conv = r.get("convert_s")
+        lines.append(
+            f"| {init} | {r['zero_shot_ppl']:.2f} | {r['final_ppl']:.2f} | {r['tokens']:,} | "
+            f"{r['train_tokens_per_s']:,.0f} | {'-' if conv is None else f'{conv:.1f}'} | "
+            f"{'-' if mem is None else f'{mem / 2 ** 30:.2f} GiB'} |"
+        )
+    lines += ["", "## Tokens to reach each target", "", table_md,
+              "Curves: recovery.png; per run: <init>/curve.csv.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Reports: plots (object-oriented matplotlib), tables and recovery targets."""

@@ -1,0 +1,173 @@
+"""Plots of tcal's results, drawn with matplotlib's object-oriented API on an Agg canvas: nothing
+here touches pyplot or switches the backend of a notebook that imports tcal."""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+
+from tcal.report.targets import curve_points
+from tcal.utils.errors import TcalError
+
+
+def fmt_ppl(x: float) -> str:
+    """1,234 above a thousand, 12.3 below; nan/inf as they are."""
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.1f}"
+
+
+def _figure(figsize) -> Figure:
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, title: str = "") -> str | None:
+    """Eval PPL (log scale) and train loss against training tokens; returns the path or None."""
+    fig = _figure((11, 4))
+    (a, b) = fig.subplots(1, 2)
+    x = [r["tokens"] for r in rows]
+    a.plot(x, [r["eval_ppl"] for r in rows], "o-", ms=3, label="student")
+    if teacher_ppl:
+        a.axhline(teacher_ppl, color="k", ls="--", lw=1, label=f"teacher {teacher_ppl:.2f}")
+    a.set_yscale("log")
+    a.set_xlabel("training tokens")
+    a.set_ylabel("held-out PPL")
+    a.grid(True, which="both", alpha=0.3)
+    a.legend()
+    lr = [(r["tokens"], r["train_loss"]) for r in rows if not math.isnan(r["train_loss"])]
+    if lr:
+        b.plot(*zip(*lr), "o-", ms=3)
+    b.set_xlabel("training tokens")
+    b.set_ylabel("train loss (mean since previous eval)")
+    b.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None = None, title: str = "") -> str | None:
+    """Left: whole curves, log PPL. Right: linear zoom on the targets, each marked where a run first
+    reaches it (a run that copy-init starts thousands of PPL above would flatten the targets otherwise)."""
+    fig = _figure((13, 5))
+    (full, zoom) = fig.subplots(1, 2)
+    colors = {}
+    for init, curve in curves.items():
+        pts = curve_points(curve)
+        xs, ys = [t / 1e6 for t, _ in pts], [p for _, p in pts]
+        (line,) = full.plot(xs, ys, "o-", ms=3, label=init)
+        zoom.plot(xs, ys, "o-", ms=3, label=init, color=line.get_color())
+        colors[init] = line.get_color()
+    targets = table["targets"] if table is not None else []
+    for ax in (full, zoom):
+        ax.axhline(teacher_ppl, color="k", lw=1.2, label=f"teacher {teacher_ppl:.2f}")
+        for row in targets:
+            ax.axhline(row["ppl"], color="gray", lw=0.6, ls=":")
+        ax.set_xlabel("distillation tokens (millions)")
+        ax.grid(True, which="both", alpha=0.3)
+    full.set_yscale("log")
+    full.set_ylabel("held-out PPL")
+    full.set_title("all evaluations (log scale)", fontsize=10)
+    # Zoom: from just under the teacher to a little above the highest target.
+    top = max([teacher_ppl * 2.2] + [row["ppl"] * 1.15 for row in targets])
+    zoom.set_ylim(teacher_ppl * 0.95, top)
+    for row in targets:
+        zoom.annotate(f"{row['name']} ({row['ppl']:.1f})", (1.0, row["ppl"]), xycoords=("axes fraction", "data"),
+                      xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="gray")
+        for init, hit in row["runs"].items():
+            if hit.get("reached") and init in colors:
+                zoom.plot([hit["tokens"] / 1e6], [row["ppl"]], marker="v", ms=7, color=colors[init], ls="none")
+    zoom.set_title("zoom on the targets (first point at or below each target: \u25bc)", fontsize=10)
+    zoom.legend(loc="lower left", bbox_to_anchor=(0.0, 0.08), fontsize=8)  # below the targets, above the teacher
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def plot_ablation(res: dict, path, baselines=()) -> None:
+    """Held-out PPL per init (log scale); ``baselines`` are drawn grey, the other inits blue."""
+    names = [r["init"] for r in res["rows"]]
+    vals = [r["ppl"] for r in res["rows"]]
+    fig = _figure((1.2 * len(names) + 2, 3.8))
+    ax = fig.subplots()
+    ax.bar(names, vals, color=["tab:gray" if n in baselines else "tab:blue" for n in names])
+    ax.axhline(res["teacher_ppl"], color="k", ls="--", lw=0.8, label=f"teacher {res['teacher_ppl']:.1f}")
+    ax.set_yscale("log")
+    ax.set_ylabel(f"held-out PPL ({res['evaluation']['data']})")
+    ax.set_title(f"{res['teacher']}: {res['converted_fraction']:.0%} of layers converted, zero-shot")
+    for i, v in enumerate(vals):
+        ax.text(i, v, fmt_ppl(v), ha="center", va="bottom", fontsize=8)
+    ax.legend()
+    for label in ax.get_xticklabels():
+        label.set_rotation(20)
+        label.set_horizontalalignment("right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_selection(sel, path, teacher_ppl: float | None = None) -> None:
+    fig = _figure((max(6, len(sel.scores) * 0.3), 3.5))
+    ax = fig.subplots()
+    colors = ["tab:red" if i in sel.layers else "tab:gray" for i in range(len(sel.scores))]
+    ax.bar(range(len(sel.scores)), sel.scores, color=colors)
+    if teacher_ppl:
+        ax.axhline(teacher_ppl, color="k", lw=0.8, ls="--", label=f"teacher {teacher_ppl:.1f}")
+        ax.legend()
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel(sel.score_name.replace("_", " "))
+    ax.set_title(f"{sel.policy}: kept layers in red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_stats(stats, path: str | os.PathLike) -> str:
+    """Heat maps (layers x heads) of d_h (log colour scale) and both concentrations; writes ``path`` (png/pdf/svg)."""
+    idx = sorted(stats)
+    if not idx:
+        raise TcalError("no layers in the statistics to plot")
+    H = max(stats[i].num_heads for i in idx)
+    nan = float("nan")
+
+    def grid(name):
+        return [list(getattr(stats[i], name) or [nan] * stats[i].num_heads) + [nan] * (H - stats[i].num_heads)
+                for i in idx]
+
+    panels = [
+        ("distance", "mean attention distance d_h (tokens)", "viridis", True),
+        ("distance_nosink", "d_h without the sink token (tokens)", "viridis", True),
+        ("sink_mass", "attention on token 0 (sink)", "magma", False),
+        ("concentration_minmax", "concentration c_h (min-max, reference)", "magma", False),
+        ("concentration_absolute", "concentration c_h (absolute)", "magma", False),
+    ]
+    fig = _figure((4.2 * len(panels), 0.8 + 0.28 * len(idx) + 1.2))
+    for k, (name, title, cmap, log) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        data = torch.tensor(grid(name)).numpy()
+        norm = LogNorm(vmin=max(float(torch.tensor(grid(name)).nan_to_num(1e9).min()), 0.5)) if log else None
+        im = ax.imshow(data, aspect="auto", cmap=cmap, norm=norm, vmin=None if log else 0.0, vmax=None if log else 1.0,
+                       interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(idx)))
+        ax.set_yticklabels([str(i) for i in idx], fontsize=6)
+        ax.set_xticks(range(H))
+        ax.set_xticklabels([str(h) for h in range(H)], fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+

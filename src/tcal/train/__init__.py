@@ -1,0 +1,1 @@
+"""Distillation: the KD loss, data order, schedule, checkpoints and the Trainer over them."""

@@ -1,0 +1,67 @@
+"""Where a run keeps its progress and how models go to and from disk.
+
+``OUT.partial/`` holds a run in progress: ``checkpoint/`` = the model (safetensors) + ``resume/``
+(optimizer, RNG and loop state). A finished run is ``OUT/`` with its ``report.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tcal.data.teachers import load_model_dir, load_teacher
+from tcal.models.modeling_hybrid import HybridForCausalLM
+
+
+def save_model(model, directory: Path) -> None:
+    if isinstance(model, HybridForCausalLM):
+        model.save_pretrained(directory, atomic=False)
+    else:
+        model.save_pretrained(directory)
+
+
+def load_model(directory, dtype=torch.float32):
+    return load_model_dir(directory, dtype, require_tokenizer=False)[0]
+
+
+def load_model_and_tokenizer(spec: str, *, dtype=torch.float32, device="cpu"):
+    """A model directory (tokenizer optional) or any :func:`tcal.teachers.load_teacher` spec."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        model, tok = load_model_dir(path, dtype, require_tokenizer=False)
+        return model.to(device).eval(), tok
+    return load_teacher(spec, dtype=dtype, device=device)
+
+
+def partial_dir(out) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".partial")
+
+
+def checkpoint_dir(partial: Path) -> Path | None:
+    ck = partial / "checkpoint"
+    if (ck / "resume" / "state.json").is_file():
+        return ck
+    # killed between the two renames of atomic_dir: the previous checkpoint is still there
+    for old in sorted(partial.glob(".checkpoint.old-*")):
+        if (old / "resume" / "state.json").is_file():
+            return old
+    return None
+
+
+def has_checkpoint(out) -> bool:
+    p = partial_dir(out)
+    return p.is_dir() and checkpoint_dir(p) is not None
+
+
+def finished_report(out) -> dict | None:
+    f = Path(out) / "report.json"
+    if f.is_file():
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+

@@ -1,0 +1,99 @@
+"""Distillation settings (plain data, no torch): shared by `tcal distill` and `tcal recover`."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tcal.utils.config import DeviceArgs, EvalArgs, arg
+from tcal.utils.errors import TcalError
+
+
+SCHEDULES = ("constant", "cosine")
+
+
+TRAIN_SETS = ("gdn", "all")
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+COMPILE_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class TrainOptions(EvalArgs, DeviceArgs):
+    """Distillation settings shared by ``tcal distill`` and ``tcal recover``."""
+
+    seq_len: int = arg(512, "tokens per training sequence")
+    batch_size: int = arg(16, "sequences per optimizer step (tokens per step = batch-size x seq-len)")
+    micro_batch: int = arg(0, "sequences per forward/backward pass (gradient accumulation); 0 = batch-size")
+    lr: float = arg(3e-4, "peak AdamW learning rate (betas 0.9, 0.95)")
+    schedule: str = arg("cosine", "learning-rate schedule after the warm-up", choices=SCHEDULES)
+    warmup: float = arg(0.02, "linear warm-up: a fraction of --tokens if < 1, else a number of tokens")
+    min_lr_ratio: float = arg(0.1, "cosine schedule: final learning rate as a fraction of --lr")
+    weight_decay: float = arg(0.01, "AdamW weight decay on matrices (biases, norms, A_log, dt_bias: none)")
+    grad_clip: float = arg(1.0, "gradient-norm clip; 0 = off")
+    ce_weight: float = arg(0.0, "loss = (1 - w) KL(teacher || student) + w next-token CE; w in [0, 1]")
+    kl_chunk: int = arg(1024, "token rows per chunk of the vocabulary-wide KL (bounds the logits' memory)")
+    train: str = arg("gdn", "parameters that train: the GDN layers only, or all", choices=TRAIN_SETS)
+    gradient_checkpointing: bool = arg(False, "recompute decoder layers in the backward pass (less memory, slower)")
+    compile: str = arg("auto", "torch.compile the chunked GDN training path: auto = on CUDA when fla's backward "
+                               "is unavailable (2.2x faster GDN forward + backward on an H200), off on CPU",
+                       choices=COMPILE_MODES)
+    eval_windows: int = arg(16, "evaluation windows per curve point (the first N, non-overlapping; fewer than "
+                                "the full 64 because the curve evaluates many times)")
+    eval_every: int = arg(1_000_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
+    eval_early: int = arg(4, "extra early evaluations at eval-every/2, /4, ... (this many)")
+    save_every: int = arg(5_000_000, "checkpoint (for --resume) every N training tokens")
+    precision: str = arg("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16", choices=PRECISIONS)
+    teacher_dtype: str = arg("float32", "teacher weights dtype: float32 or bfloat16")
+    seed: int = arg(0, "seed of the data order (a window permutation per epoch) and of torch's RNG")
+    resume: bool = arg(False, "continue an interrupted run from OUT.partial/ (the same settings)")
+    max_minutes: float = arg(0.0, "checkpoint and stop after this many minutes (rerun with --resume); 0 = no limit")
+    stop_after_tokens: int = arg(0, "checkpoint and stop once this many tokens are done (rerun with --resume); "
+                                    "0 = never")
+    progress: bool = arg(True, "progress bars")
+
+
+RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "compile"}
+
+
+def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
+    """The settings, other than ``free`` ones, whose values differ between a saved run and now."""
+    keys = (set(saved) | set(now)) - set(free)
+    return sorted(k for k in keys if saved.get(k) != now.get(k))
+
+
+def check_train_options(cfg: TrainOptions, tokens: int) -> None:
+    if tokens < 1:
+        raise TcalError(f"--tokens must be positive, got {tokens}")
+    if cfg.seq_len < 2:
+        raise TcalError(f"--seq-len must be at least 2, got {cfg.seq_len}")
+    if cfg.batch_size < 1:
+        raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.micro_batch < 0 or (cfg.micro_batch and cfg.batch_size % cfg.micro_batch):
+        raise TcalError(f"--micro-batch {cfg.micro_batch} must divide --batch-size {cfg.batch_size} (or be 0)")
+    if not 0.0 <= cfg.ce_weight <= 1.0:
+        raise TcalError(f"--ce-weight must be in [0, 1], got {cfg.ce_weight}")
+    if cfg.kl_chunk < 1:
+        raise TcalError(f"--kl-chunk must be positive, got {cfg.kl_chunk}")
+    for flag, value in (("--lr", cfg.lr), ("--warmup", cfg.warmup), ("--weight-decay", cfg.weight_decay),
+                        ("--grad-clip", cfg.grad_clip), ("--min-lr-ratio", cfg.min_lr_ratio)):
+        if not math.isfinite(value):
+            raise TcalError(f"{flag} must be a finite number, got {value}")
+    if cfg.lr <= 0:
+        raise TcalError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.warmup < 0:
+        raise TcalError(f"--warmup must be >= 0, got {cfg.warmup}")
+    if cfg.eval_every < 1 or cfg.save_every < 1:
+        raise TcalError("--eval-every and --save-every must be positive numbers of tokens")
+    if cfg.eval_windows < 1 or cfg.eval_window < 2:
+        raise TcalError("--eval-windows must be >= 1 and --eval-window >= 2")
+    if cfg.schedule not in SCHEDULES:
+        raise TcalError(f"unknown --schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if cfg.train not in TRAIN_SETS:
+        raise TcalError(f"unknown --train {cfg.train!r}; choose one of {', '.join(TRAIN_SETS)}")
+    if cfg.precision not in PRECISIONS:
+        raise TcalError(f"unknown --precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+

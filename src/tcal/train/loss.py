@@ -1,0 +1,126 @@
+"""The distillation loss: forward KL to the frozen teacher (optionally mixed with next-token CE),
+computed over chunks of rows so the full logits never exist.
+
+Objective. Forward KL(teacher || student) over the full vocabulary at every position of every
+training sequence, optionally mixed with next-token cross-entropy::
+
+    loss = (1 - w) * mean_tokens KL(p_teacher || p_student) + w * mean_tokens CE(next token)
+
+The logits are never materialised for the whole batch: both models run up to their final
+norm (``model.model``), and the LM heads, log-softmaxes and the loss are computed over chunks
+of ``kl_chunk`` token rows inside ``torch.utils.checkpoint``, so at any time only one chunk's
+``rows x vocab`` fp32 tensors exist, in the forward and in the backward pass (the backward
+recomputes the chunk's logits, teacher included, from the saved hidden states).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as _checkpoint
+
+from tcal.utils.errors import TcalError
+
+
+def _weight_bias(head) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(head, nn.Linear):
+        return head.weight, head.bias
+    if isinstance(head, tuple):
+        return head[0], (head[1] if len(head) > 1 else None)
+    if isinstance(head, torch.Tensor):
+        return head, None
+    raise TcalError(f"an LM head must be an nn.Linear or a weight tensor, got {type(head).__name__}")
+
+
+def _chunk_terms(hs, ws, bs, ht, wt, bt, labels, kl_scale: float, ce_scale: float):
+    """One chunk of rows: (scaled loss, KL sum, CE sum). Logits and softmaxes in fp32."""
+    logp_s = torch.log_softmax(F.linear(hs, ws, bs).float(), dim=-1)
+    with torch.no_grad():
+        logp_t = torch.log_softmax(F.linear(ht, wt, bt).float(), dim=-1)
+        p_t = logp_t.exp()
+        neg_entropy = (p_t * logp_t).sum(-1)
+    kl = (neg_entropy - (p_t * logp_s).sum(-1)).sum()
+    if labels is not None:
+        valid = labels >= 0
+        nll = -logp_s.gather(-1, labels.clamp(min=0)[:, None]).squeeze(-1)
+        ce = torch.where(valid, nll, torch.zeros_like(nll)).sum()
+    else:
+        ce = kl.new_zeros(())
+    loss = kl * kl_scale + ce * ce_scale
+    return loss, kl.detach(), ce.detach()
+
+
+def chunked_distill_loss(
+    student_hidden: torch.Tensor,  # (N, D) after the student's final norm
+    student_head,  # nn.Linear (V <- D) or its weight
+    teacher_hidden: torch.Tensor,  # (N, D') after the teacher's final norm, no grad
+    teacher_head,
+    labels: torch.Tensor | None = None,  # (N,) next-token ids, -100 where there is none
+    *,
+    ce_weight: float = 0.0,
+    chunk_rows: int = 1024,
+    use_checkpoint: bool = True,
+) -> tuple[torch.Tensor, float, float]:
+    """``(loss, mean KL, mean CE)`` with ``loss = (1 - w) mean KL(t || s) + w mean CE``.
+
+    KL is averaged over all N rows, CE over the rows with a label. Rows are processed
+    ``chunk_rows`` at a time; with ``use_checkpoint`` (and grad enabled) each chunk is a
+    ``torch.utils.checkpoint`` region, so only its inputs are kept for the backward pass and
+    peak memory is O(chunk_rows x vocab), not O(N x vocab).
+    """
+    if student_hidden.dim() != 2 or teacher_hidden.dim() != 2 or student_hidden.shape[0] != teacher_hidden.shape[0]:
+        raise TcalError(
+            f"hidden states must be (N, D) with the same N, got {tuple(student_hidden.shape)} and "
+            f"{tuple(teacher_hidden.shape)}"
+        )
+    if chunk_rows < 1:
+        raise TcalError(f"chunk_rows must be positive, got {chunk_rows}")
+    n = student_hidden.shape[0]
+    ws, bs = _weight_bias(student_head)
+    wt, bt = _weight_bias(teacher_head)
+    if ws.shape[0] != wt.shape[0]:
+        raise TcalError(f"student and teacher vocabularies differ ({ws.shape[0]} vs {wt.shape[0]}); "
+                        "distil from the teacher the hybrid was converted from")
+    use_labels = labels if ce_weight > 0 else None
+    if ce_weight > 0 and labels is None:
+        raise TcalError("ce_weight > 0 needs labels (next-token ids)")
+    n_ce = int((use_labels >= 0).sum()) if use_labels is not None else 0
+    kl_scale = (1.0 - ce_weight) / n
+    ce_scale = ce_weight / n_ce if n_ce else 0.0
+    ckpt = use_checkpoint and torch.is_grad_enabled()
+    loss = None
+    kl_sum = torch.zeros((), dtype=torch.float64, device=student_hidden.device)
+    ce_sum = torch.zeros((), dtype=torch.float64, device=student_hidden.device)
+    for i in range(0, n, chunk_rows):
+        rows = slice(i, i + chunk_rows)
+        args = (student_hidden[rows], ws, bs, teacher_hidden[rows], wt, bt,
+                None if use_labels is None else use_labels[rows], kl_scale, ce_scale)
+        if ckpt:
+            part, kl_c, ce_c = _checkpoint(_chunk_terms, *args, use_reentrant=False)
+        else:
+            part, kl_c, ce_c = _chunk_terms(*args)
+        loss = part if loss is None else loss + part
+        kl_sum += kl_c.double()
+        ce_sum += ce_c.double()
+    return loss, kl_sum.item() / n, (ce_sum.item() / n_ce if n_ce else float("nan"))
+
+
+def lm_parts(model) -> tuple[nn.Module, nn.Module]:
+    """(decoder up to the final norm, LM head) of an HF causal LM (``model.model``, ``lm_head``)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model") or "model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or not isinstance(head, nn.Linear):
+        raise TcalError(
+            f"{type(model).__name__} does not expose its decoder and LM head (model.model, lm_head); "
+            "distillation supports HF decoder-only causal LMs"
+        )
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise TcalError(f"{type(model).__name__} soft-caps its logits, which the chunked KL does not apply")
+    return base, head
+
+
+def final_hidden(base: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    out = base(input_ids=ids, use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+

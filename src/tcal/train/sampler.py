@@ -1,0 +1,45 @@
+"""The training data order: a function of (seed, step) alone, so a resumed run sees exactly the
+batches an uninterrupted run sees.
+
+The token stream is cut into non-overlapping windows of ``seq_len`` tokens. Training sample
+``i = step * batch_size + b`` is window ``perm_e[i mod n]`` of epoch ``e = i div n``, with
+``perm_e = default_rng([seed, e]).permutation(n)``. Packed data has no padding: every step trains
+on ``batch_size * seq_len`` tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tcal.utils.errors import TcalError
+
+
+class WindowOrder:
+    """Sample ``i`` -> window index: ``perm_e[i mod n]`` with ``perm_e = default_rng([seed, e]).permutation(n)``."""
+
+    def __init__(self, n_windows: int, seed: int):
+        if n_windows < 1:
+            raise TcalError("the training data has no full window; use a larger pool or a shorter --seq-len")
+        self.n, self.seed = int(n_windows), int(seed)
+        self._epoch, self._perm = None, None
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._perm = np.random.default_rng([self.seed, int(epoch)]).permutation(self.n)
+            self._epoch = epoch
+        return self._perm
+
+    def window(self, sample: int) -> int:
+        epoch, pos = divmod(int(sample), self.n)
+        return int(self.permutation(epoch)[pos])
+
+
+def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int) -> torch.Tensor:
+    """The (batch_size, seq_len) LongTensor that step ``step`` trains on."""
+    rows = []
+    for b in range(batch_size):
+        start = order.window(step * batch_size + b) * seq_len
+        rows.append(np.asarray(tokens[start:start + seq_len], dtype=np.int64))
+    return torch.from_numpy(np.stack(rows))
+
+

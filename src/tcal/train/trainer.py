@@ -1,0 +1,320 @@
+"""The distillation trainer: setup / step / evaluate / state_dict over the loss, sampler and schedule.
+
+:class:`Trainer` owns the student, the frozen teacher, the optimizer and the loop state;
+:meth:`Trainer.fit` runs it to the token budget, evaluating held-out PPL at the scheduled points
+and checkpointing into the run's partial directory (given by the caller), and can pause (a time or
+token limit) so that a later call resumes where it stopped with the same data order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from tcal import ops
+from tcal.evaluate import window_ppl
+from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
+from tcal.train.config import TrainOptions, changed_settings, check_train_options
+from tcal.train.curve import curve_csv
+from tcal.train.loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.train.sampler import WindowOrder, batch_for_step
+from tcal.train.schedule import crossed, eval_due, lr_at, warmup_steps
+from tcal.utils.atomic import atomic_dir, write_json
+from tcal.utils.errors import TcalError
+from tcal.utils.runtime import autocast, peak_memory, resolve_device, rng_state, seed_everything, set_rng_state
+
+log = logging.getLogger(__name__)
+
+ADAM_BETAS = (0.9, 0.95)
+STATE_VERSION = 1
+
+
+def trainable_parameters(model, which: str) -> list[tuple[str, nn.Parameter]]:
+    """Mark and return the parameters that train: the GDN layers only ("gdn") or everything ("all")."""
+    if which == "all":
+        chosen = {n for n, _ in model.named_parameters()}
+    else:
+        if not hasattr(model, "gdn_modules"):
+            raise TcalError(f"--train gdn needs a tcal hybrid, got {type(model).__name__}; use --train all")
+        chosen = set()
+        for gdn in model.gdn_modules().values():
+            prefix = next(n for n, m in model.named_modules() if m is gdn)
+            chosen |= {f"{prefix}.{n}" for n, _ in gdn.named_parameters()}
+    params = []
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in chosen)
+        if n in chosen:
+            params.append((n, p))
+    if not params:
+        raise TcalError("nothing to train: the model has no GDN layers; use --train all")
+    return params
+
+
+def make_optimizer(params: list[tuple[str, nn.Parameter]], cfg: TrainOptions) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (biases, norms, A_log, dt_bias get none)."""
+    decay = [p for _, p in params if p.dim() >= 2]
+    no_decay = [p for _, p in params if p.dim() < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": cfg.weight_decay},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=ADAM_BETAS)
+
+
+def resolve_compile(mode: str, device: torch.device) -> bool:
+    if mode != "auto":
+        return mode == "on"
+    # Where fla trains, its kernels are faster still; compile only the PyTorch fallback on GPUs.
+    return device.type == "cuda" and not (ops.fla_available() and ops.fla_backward_ok())
+
+
+def amp_dtype(precision: str, device: torch.device):
+    if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+class Trainer:
+    """Distil ``student`` towards ``teacher`` on ``train_tokens`` for ``tokens`` tokens."""
+
+    def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
+                 eval_ids: torch.Tensor, settings: dict | None = None):
+        check_train_options(cfg, tokens)
+        self.cfg = cfg
+        self.settings = settings if settings is not None else dataclasses.asdict(cfg)  # what a resume must match
+        self.device = torch.device(resolve_device(cfg.device))
+        self.amp = amp_dtype(cfg.precision, self.device)
+        self.tokens_per_step = cfg.batch_size * cfg.seq_len
+        self.total_steps = int(math.ceil(tokens / self.tokens_per_step))
+        self.warmup_steps = warmup_steps(cfg, self.total_steps, self.tokens_per_step)
+        self.train_tokens, self.eval_ids = train_tokens, eval_ids
+        self.n_windows = int(train_tokens.shape[0]) // cfg.seq_len
+        self.order = WindowOrder(self.n_windows, cfg.seed)
+        self.student = student.to(self.device)
+        self.teacher = teacher.to(self.device).eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self._check_vocab()
+        self.params = trainable_parameters(self.student, cfg.train)
+        self.gdn_compile = resolve_compile(cfg.compile, self.device)
+        if cfg.gradient_checkpointing:
+            self.student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = make_optimizer(self.params, cfg)
+        # loop state (what state_dict saves)
+        self.step_count, self.curve = 0, []
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.elapsed_before, self.train_s, self.segments = 0.0, 0.0, 1
+        self.teacher_ppl: float | None = None
+        self._t_start = time.time()
+
+    def _check_vocab(self) -> None:
+        base_s, head_s = lm_parts(self.student)
+        base_t, head_t = lm_parts(self.teacher)
+        self.parts = (base_s, head_s, base_t, head_t)
+        vocab = head_s.weight.shape[0]
+        if vocab != head_t.weight.shape[0]:
+            raise TcalError(f"student vocabulary {vocab} != teacher vocabulary {head_t.weight.shape[0]}; "
+                            "distil from the teacher the hybrid was converted from")
+        tokens = self.train_tokens
+        if tokens.size and int(np.max(tokens[: min(tokens.size, 1 << 24)])) >= vocab:
+            raise TcalError(f"training data has token ids >= the vocabulary size {vocab}; wrong tokenizer?")
+        if int(self.eval_ids.max()) >= vocab:
+            raise TcalError(f"evaluation data has token ids >= the vocabulary size {vocab}; wrong tokenizer?")
+
+    # -- one piece each ------------------------------------------------------------------------
+
+    def lr(self, step: int) -> float:
+        c = self.cfg
+        return lr_at(step, peak=c.lr, total_steps=self.total_steps, warmup=self.warmup_steps, schedule=c.schedule,
+                     min_ratio=c.min_lr_ratio)
+
+    def evaluate(self, model=None) -> float:
+        return window_ppl(model or self.student, self.eval_ids, batch_size=4, device=self.device, progress=False)
+
+    def step(self) -> float:
+        """One optimizer step on the batch the data order assigns to it; returns its mean loss."""
+        cfg, (base_s, head_s, base_t, head_t) = self.cfg, self.parts
+        t0 = time.perf_counter()
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr(self.step_count)
+        ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size)
+        ids = ids.to(self.device)
+        micro = cfg.micro_batch or cfg.batch_size
+        self.optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for i in range(0, cfg.batch_size, micro):
+            mb = ids[i:i + micro]
+            labels = torch.full_like(mb, -100)
+            labels[:, :-1] = mb[:, 1:]
+            with autocast(self.device, self.amp):
+                with torch.no_grad():
+                    ht = final_hidden(base_t, mb)
+                hs = final_hidden(base_s, mb)
+                loss, _, _ = chunked_distill_loss(
+                    hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
+                    labels.reshape(-1), ce_weight=cfg.ce_weight, chunk_rows=cfg.kl_chunk,
+                )
+            frac = mb.shape[0] / cfg.batch_size
+            (loss * frac).backward()
+            step_loss += float(loss.detach()) * frac
+            del hs, ht, loss
+        if not math.isfinite(step_loss):
+            raise TcalError(f"the loss is not finite at step {self.step_count} ({step_loss}); lower --lr")
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for _, p in self.params], cfg.grad_clip)
+        self.optimizer.step()
+        self.step_count += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.train_s += time.perf_counter() - t0
+        self.loss_sum += step_loss
+        self.loss_count += 1
+        return step_loss
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + (time.time() - self._t_start)
+
+    def add_eval_point(self) -> dict:
+        s = self.step_count
+        row = {"tokens": s * self.tokens_per_step, "step": s, "eval_ppl": self.evaluate(),
+               "train_loss": self.loss_sum / self.loss_count if self.loss_count else float("nan"),
+               "lr": self.lr(max(s - 1, 0)), "elapsed_s": round(self.elapsed(), 3)}
+        self.curve.append(row)
+        self.loss_sum, self.loss_count = 0.0, 0
+        return row
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "version": STATE_VERSION, "step": self.step_count, "tokens": self.step_count * self.tokens_per_step,
+            "curve": self.curve, "loss_sum": self.loss_sum, "loss_count": self.loss_count,
+            "elapsed_s": self.elapsed(), "train_s": self.train_s, "teacher_ppl": self.teacher_ppl,
+            "segments": self.segments, "config": self.settings,
+            "scheduler": {"kind": self.cfg.schedule, "warmup_steps": self.warmup_steps,
+                          "total_steps": self.total_steps, "next_step": self.step_count},
+        }
+
+    def load_state_dict(self, st: dict) -> None:
+        self.step_count, self.curve = st["step"], st["curve"]
+        self.loss_sum, self.loss_count = st["loss_sum"], st["loss_count"]
+        self.elapsed_before, self.train_s = st["elapsed_s"], st["train_s"]
+        self.teacher_ppl = st.get("teacher_ppl", self.teacher_ppl)
+        self.segments = st.get("segments", 0) + 1
+        self._t_start = time.time()
+
+    def save_checkpoint(self, partial: Path) -> None:
+        with atomic_dir(partial / "checkpoint") as tmp:
+            save_model(self.student, tmp)
+            (tmp / "resume").mkdir()
+            torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng_state()}, tmp / "resume" / "optimizer.pt")
+            write_json(tmp / "resume" / "state.json", self.state_dict())
+
+    def resume_from(self, ckpt: Path) -> None:
+        """Optimizer, RNG and loop state of a checkpoint (its model weights are already loaded)."""
+        # On the CPU: RNG states must stay CPU tensors; the optimizer moves its own state to the params.
+        extra = torch.load(ckpt / "resume" / "optimizer.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        set_rng_state(extra["rng"])
+        self.load_state_dict(json.loads((ckpt / "resume" / "state.json").read_text()))
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def fit(self, partial: Path, *, callback: Callable[[int, int], None] | None = None) -> str:
+        """Train to the budget (``"done"``) or to a pause limit (``"paused"``, checkpoint written)."""
+        cfg, tps = self.cfg, self.tokens_per_step
+        if self.teacher_ppl is None:
+            self.teacher_ppl = self.evaluate(self.teacher)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if not self.curve:
+            self.add_eval_point()
+            (partial / "curve.csv").write_text(curve_csv(self.curve))
+        bar = tqdm(total=self.total_steps * tps, initial=self.step_count * tps, unit="tok", unit_scale=True,
+                   desc="distill", disable=not cfg.progress, dynamic_ncols=True, smoothing=0.1)
+        status = "done"
+        t_start = time.time()
+        self.student.train()
+        try:
+            with ops.compile_training(self.gdn_compile):
+                while self.step_count < self.total_steps:
+                    if (cfg.stop_after_tokens and self.step_count * tps >= cfg.stop_after_tokens) or (
+                            cfg.max_minutes and time.time() - t_start >= cfg.max_minutes * 60):
+                        self.save_checkpoint(partial)
+                        status = "paused"
+                        break
+                    self.step()
+                    s = self.step_count
+                    bar.update(tps)
+                    if eval_due(s, self.total_steps, tps, cfg.eval_every, cfg.eval_early):
+                        row = self.add_eval_point()
+                        (partial / "curve.csv").write_text(curve_csv(self.curve))
+                        self.student.train()
+                        bar.set_postfix(loss=f"{row['train_loss']:.4f}", ppl=f"{row['eval_ppl']:.2f}")
+                    if s < self.total_steps and crossed((s - 1) * tps, s * tps, cfg.save_every):
+                        self.save_checkpoint(partial)
+                    if callback is not None:
+                        callback(s, s * tps)
+        finally:
+            bar.close()
+        self.student.eval()
+        return status
+
+    def report(self, status: str) -> dict:
+        cfg, tps = self.cfg, self.tokens_per_step
+        return {
+            "status": status, "tokens": self.step_count * tps, "steps": self.step_count,
+            "total_steps": self.total_steps, "tokens_per_step": tps,
+            "epochs": self.step_count * cfg.batch_size / self.n_windows, "train_windows": self.n_windows,
+            "eval": {"data": cfg.eval, "window": int(self.eval_ids.shape[1]), "windows": int(self.eval_ids.shape[0])},
+            "teacher_ppl": self.teacher_ppl,
+            "zero_shot_ppl": self.curve[0]["eval_ppl"] if self.curve else None,
+            "final_ppl": self.curve[-1]["eval_ppl"] if self.curve else None,
+            "train_tokens_per_s": (self.step_count * tps) / self.train_s if self.train_s > 0 else None,
+            "train_s": self.train_s, "elapsed_s": self.elapsed(), "segments": self.segments,
+            "peak_memory": peak_memory(self.device), "device": str(self.device),
+            "precision": "bf16 autocast" if self.amp is not None else "fp32", "gdn_compile": self.gdn_compile,
+            "trainable_params": sum(p.numel() for _, p in self.params), "warmup_steps": self.warmup_steps,
+            "curve": self.curve, "config": self.settings,
+        }
+
+
+def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
+            partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
+            callback: Callable[[int, int], None] | None = None) -> tuple[dict, object]:
+    """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
+
+    ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
+    seeds every RNG with ``cfg.seed``; a resumed one restores them. ``settings`` (default: ``cfg``)
+    are what a resumption must match.
+    """
+    ckpt = checkpoint_dir(partial) if partial.is_dir() else None
+    resume_state = None
+    if ckpt is not None:
+        resume_state = json.loads((ckpt / "resume" / "state.json").read_text())
+        now = settings if settings is not None else dataclasses.asdict(cfg)
+        diff = changed_settings(resume_state["config"], now)
+        if diff:
+            raise TcalError(f"cannot resume {partial}: settings changed ({', '.join(diff)}); "
+                            "resume with the same settings or delete the partial directory")
+        student = load_model(ckpt)
+        log.info("resuming from %s at step %d (%d tokens)", ckpt, resume_state["step"], resume_state["tokens"])
+    if student is None:
+        raise TcalError("no student model given and no checkpoint to resume from")
+    partial.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
+                      settings=settings)
+    trainer.teacher_ppl = teacher_ppl
+    if resume_state is not None:
+        trainer.resume_from(ckpt)
+    else:
+        seed_everything(cfg.seed)
+    status = trainer.fit(partial, callback=callback)
+    return trainer.report(status), trainer.student

@@ -1,0 +1,76 @@
+"""Devices, dtypes, autocast, memory and RNG state: the run-time facts every stage needs."""
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import torch
+
+from tcal.utils.errors import TcalError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when a GPU is there, else 'cpu'; a CUDA device without CUDA is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TcalError(f"--device {device} asked for but CUDA is not available; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise TcalError(f"unknown --dtype {name!r}; choose float32 or bfloat16")
+    return DTYPES[name]
+
+
+def model_device(model) -> torch.device:
+    """The device of a model's first parameter (CPU for a model without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """bf16 (or ``dtype``) autocast on ``device``; ``dtype=None`` runs in the weights' dtype."""
+    if dtype is None:
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak memory of this process: CUDA's max allocated on a GPU, the peak RSS on the CPU."""
+    if device.type == "cuda":
+        return {"kind": "cuda max_memory_allocated", "bytes": int(torch.cuda.max_memory_allocated(device))}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {"kind": "process peak RSS", "bytes": int(rss * (1 if sys.platform == "darwin" else 1024))}
+    except Exception:  # pragma: no cover
+        return {"kind": "unknown", "bytes": None}
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    random.seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,59 @@
+"""convert / convert_with_record: the record of what was done, calibration tokens, policies."""
+import json
+
+import pytest
+import torch
+from helpers import tiny_teacher, word_tokenizer
+
+import tcal
+from tcal.conversion.convert import Conversion, calibration_ids, convert_with_record, split_options
+from tcal.models.modeling_hybrid import HybridForCausalLM
+from tcal.taylor.phase2 import AlignConfig
+from tcal.taylor.pipeline import prepare
+from tcal.utils.errors import TcalError
+
+WORDS = "the cat sat on a mat dog ran far away and then came back home to".split()
+
+
+def test_convert_returns_the_hybrid_and_the_record_is_separate():
+    teacher = tiny_teacher("llama")
+    hybrid = tcal.convert(teacher, keep=[0, 2])
+    assert isinstance(hybrid, HybridForCausalLM) and not hasattr(hybrid, "tcal_record")
+    assert hybrid.config.tcal_init == "copy"
+    conv = convert_with_record(teacher, [0, 2], "zero-gate")
+    assert isinstance(conv, Conversion) and conv.record["init"] == "zero-gate" and conv.record["detail"] == {}
+    assert set(conv.record["timings"]) == {"select_s", "build_s", "init_s"}
+    assert "selection" not in conv.record and "calibration" not in conv.record
+    json.dumps(conv.record, allow_nan=False)
+
+
+def test_split_options():
+    gdn, rest = split_options({"use_short_conv": True, "gdn_backend": "chunk", "zero_wa": True, "align": None})
+    assert gdn == {"use_short_conv": True, "gdn_backend": "chunk"} and rest == {"zero_wa": True, "align": None}
+
+
+def test_policy_keep_is_recorded():
+    conv = convert_with_record(tiny_teacher("llama"), "uniform:2", "copy")
+    assert conv.hybrid.config.attention_layers == [0, 2]
+    assert conv.record["selection"]["policy"] == "uniform:2" and conv.record["selection"]["layers"] == [0, 2]
+
+
+def test_calibration_tokens_from_text_ids_or_a_prepared_calibration(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+    tok = word_tokenizer(WORDS)
+    teacher = tiny_teacher("llama", vocab_size=len(tok))
+    text = " ".join(WORDS * 10)
+    with pytest.raises(TcalError, match="pass tokenizer="):
+        calibration_ids(text, None)
+    ids = calibration_ids(text, tok, window=16, windows=4)
+    assert ids.shape == (4, 16) and ids.dtype == torch.long
+    align = AlignConfig(steps=2)
+    from_text = convert_with_record(teacher, [0, 2], "taylor", calib=text, tokenizer=tok, calib_window=16,
+                                    calib_windows=4, align=align)
+    assert from_text.record["calibration"]["sequences"] == 4 and "tokenise_s" in from_text.record["timings"]
+    from_ids = convert_with_record(teacher, [0, 2], "taylor", calib_ids=ids, align=align)
+    assert from_ids.record["calibration"] == {"data": "calib_ids", "sequences": 4, "tokens_per_sequence": 16}
+    cal = prepare(teacher, ids, [1, 3], heldout_frac=align.heldout_frac)
+    from_cal = convert_with_record(teacher, [0, 2], "taylor", calib_ids=cal, align=align)
+    a, b, c = (x.hybrid.state_dict() for x in (from_text, from_ids, from_cal))
+    assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)

@@ -1,0 +1,146 @@
+"""Keep policies (tcal.conversion.policy) and layer selection by scores (tcal.conversion.select)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_teacher
+
+from tcal.conversion.policy import POLICIES, layer_index, parse_keep, parse_policy, top_k, uniform_layers
+from tcal.conversion.select import (
+    Selection, SelectionConfig, ar_scores, assemble, ga_scores, gdn_for_every_layer, select_layers,
+)
+from tcal.utils.errors import TcalError
+
+
+def test_parse_policy_forms():
+    assert parse_policy("0,4,8", 30).layers == [0, 4, 8]
+    assert parse_policy([3, 1], 30).layers == [3, 1]
+    p = parse_policy("uniform:8", 30)
+    assert (p.kind, p.k) == ("uniform", 8)
+    assert parse_policy("ar:25%", 32).k == 8
+    assert parse_policy("ga:50%", 30).k == 15
+    assert parse_policy([np.int64(2), np.int64(0)], 30).layers == [2, 0]  # numpy / torch integers are integers
+    assert parse_policy([torch.tensor(1)], 30).layers == [1]
+    assert POLICIES == ("uniform", "ar", "ga")
+
+
+def test_parse_keep_and_integer_layer_indices():
+    assert parse_keep("0, 4,8") == [0, 4, 8]
+    assert parse_keep("-1") == [-1]  # range is checked later, with the teacher's layer count
+    assert parse_keep("uniform:8") == "uniform:8"
+    assert layer_index(np.int64(3)) == 3
+    for bad in (0.5, "4", True, 4.0):
+        with pytest.raises(TcalError, match="integer layer indices"):
+            layer_index(bad)
+    with pytest.raises(TcalError, match="integer layer indices, got 0.5"):
+        parse_policy([0.5, 4], 30)
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("uniform:30", "keeps 30 of 30 layers: nothing would be converted"),
+    ("uniform:40", "keeps 40 of 30 layers"),
+    ("ar:0", "keeps 0 layers; keep at least 1"),
+    ("ga:0%", "keeps 0 layers"),
+    ("best:4", "unknown keep policy 'best:4'"),
+    ("uniform", "unknown keep policy"),
+    ("ar:x", "K must be a whole number or a percentage"),
+])
+def test_bad_policies(spec, msg):
+    with pytest.raises(TcalError, match=msg):
+        parse_policy(spec, 30)
+
+
+def test_uniform_spacing():
+    assert uniform_layers(15, 30) == list(range(0, 30, 2))
+    assert uniform_layers(8, 32) == list(range(0, 32, 4))
+    assert uniform_layers(8, 30)[0] == 0 and len(uniform_layers(8, 30)) == 8
+    assert uniform_layers(1, 30) == [0]
+
+
+def test_top_k_direction_and_ties():
+    scores = [5.0, 9.0, 1.0, 9.0, 3.0]
+    assert top_k(scores, 2, largest=True) == [1, 3]
+    assert top_k(scores, 2, largest=False) == [2, 4]
+
+
+def _ppl(model, windows):
+    with torch.no_grad():
+        logits = model(windows).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    return math.exp(nll.item())
+
+
+def test_ar_scores_zero_exactly_one_layer():
+    teacher = tiny_teacher("llama")
+    windows = torch.randint(0, 97, (3, 24), generator=torch.Generator().manual_seed(0))
+    scores = ar_scores(teacher, windows, progress=False)
+    assert len(scores) == 4
+    # Recompute layer 2's score by hand with a hook that zeroes it.
+    h = teacher.model.layers[2].self_attn.register_forward_hook(lambda m, a, o: (torch.zeros_like(o[0]), o[1]))
+    expect = _ppl(teacher, windows)
+    h.remove()
+    assert scores[2] == pytest.approx(expect, rel=1e-5)
+    # and the teacher is restored afterwards
+    assert _ppl(teacher, windows) != pytest.approx(expect, rel=1e-9)
+
+
+def test_ga_with_original_attention_modules_scores_the_teacher():
+    teacher = tiny_teacher("llama")
+    windows = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    base = _ppl(teacher, windows)
+    originals = {i: layer.self_attn for i, layer in enumerate(teacher.model.layers)}
+    assert ga_scores(teacher, windows, originals, progress=False) == pytest.approx([base] * 4, rel=1e-5)
+
+
+def test_ga_students_use_one_attention_layer_each():
+    teacher = tiny_teacher("llama")
+    windows = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(2))
+    modules = gdn_for_every_layer(teacher, "zero-gate")
+    scores = ga_scores(teacher, windows, modules, progress=False)
+    # zero-gate GDN layers are silent: student i == teacher with every attention but i removed
+    for i in (0, 3):
+        hooks = [teacher.model.layers[j].self_attn.register_forward_hook(
+            lambda m, a, o: (torch.zeros_like(o[0]), o[1])) for j in range(4) if j != i]
+        expect = _ppl(teacher, windows)
+        for h in hooks:
+            h.remove()
+        assert scores[i] == pytest.approx(expect, rel=1e-4)
+    assert all(type(layer.self_attn).__name__ == "LlamaAttention" for layer in teacher.model.layers)
+
+
+def test_assemble_swaps_and_restores_even_on_error():
+    teacher = tiny_teacher("llama")
+    originals = [layer.self_attn for layer in teacher.model.layers]
+    modules = gdn_for_every_layer(teacher, "copy")
+    assert sorted(modules) == [0, 1, 2, 3] and all(m.layer_idx == i for i, m in modules.items())
+    with pytest.raises(RuntimeError), assemble(teacher, [1], modules) as student:
+        assert [type(layer.self_attn).__name__ for layer in student.model.layers] == [
+            "GatedDeltaNet", "LlamaAttention", "GatedDeltaNet", "GatedDeltaNet"]
+        raise RuntimeError("boom")
+    assert all(layer.self_attn is a for layer, a in zip(teacher.model.layers, originals))
+
+
+def test_select_layers_lists_and_uniform_need_no_text():
+    teacher = tiny_teacher("llama")
+    assert select_layers(teacher, [2, 0]) == Selection("list", [0, 2])
+    assert select_layers(teacher, "uniform:2") == Selection("uniform:2", [0, 2])
+    with pytest.raises(TcalError, match="pass the teacher's tokenizer"):
+        select_layers(teacher, "ar:2")
+
+
+def test_ar_selection_scores_once_then_reads_the_cache(tmp_path):
+    from helpers import word_tokenizer
+
+    words = "the cat sat on a mat dog ran far away".split()
+    tok = word_tokenizer(words)
+    teacher = tiny_teacher("llama", vocab_size=len(tok))
+    rng = np.random.default_rng(0)
+    (tmp_path / "calib.txt").write_text(" ".join(rng.choice(words, 400)))
+    cfg = SelectionConfig(data=str(tmp_path / "calib.txt"), window=16, val_windows=2, skip_windows=3,
+                          cache_dir=str(tmp_path / "cache"))
+    first = select_layers(teacher, "ar:2", tokenizer=tok, cfg=cfg, progress=False)
+    assert not first.cached and len(first.scores) == 4 and first.score_name == "ppl_with_layer_attention_removed"
+    assert first.layers == top_k(first.scores, 2, largest=True) and first.policy == "ar:2"
+    again = select_layers(teacher, "ar:2", tokenizer=tok, cfg=cfg, progress=False)
+    assert again.cached and again.scores == first.scores and again.layers == first.layers

@@ -1,0 +1,100 @@
+"""Surgery: teacher + kept layers -> hybrid with every teacher weight in place and copied projections."""
+import pytest
+import torch
+from helpers import tiny_teacher
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import tcal
+from tcal.conversion.surgery import (
+    SUPPORTED_FAMILIES, build_hybrid, check_keep, check_teacher, hybrid_config_for, repeat_kv_rows,
+)
+from tcal.utils.errors import TcalError
+
+KEEP = [0, 2]
+
+
+def test_kept_layers_and_shared_weights_bit_identical(family):
+    teacher = tiny_teacher(family)
+    hybrid = tcal.convert(teacher, keep=KEEP, init="copy")
+    t_state, h_state = teacher.state_dict(), hybrid.state_dict()
+    converted = tuple(f"model.layers.{i}.self_attn." for i in (1, 3))
+    shared = [k for k in t_state if not k.startswith(converted)]
+    assert len(shared) > 10
+    for key in shared:
+        assert torch.equal(t_state[key], h_state[key]), key
+    assert hybrid.config.layer_types == ["full_attention", "linear_attention", "full_attention", "linear_attention"]
+
+
+def test_copy_init_repeats_kv_rows_and_carries_bias_and_norm(family):
+    teacher = tiny_teacher(family)
+    hybrid = tcal.convert(teacher, keep=KEEP, init="copy")
+    attn, gdn = teacher.model.layers[1].self_attn, hybrid.model.layers[1].self_attn
+    assert torch.equal(gdn.q_proj.weight, attn.q_proj.weight)
+    assert torch.equal(gdn.o_proj.weight, attn.o_proj.weight)
+    # Query head h reads KV head h // group (HF repeat_kv order): heads 0,1 <- kv 0; 2,3 <- kv 1.
+    d = 16
+    for h in range(4):
+        kv = h // 2
+        assert torch.equal(gdn.k_proj.weight[h * d:(h + 1) * d], attn.k_proj.weight[kv * d:(kv + 1) * d])
+        assert torch.equal(gdn.v_proj.weight[h * d:(h + 1) * d], attn.v_proj.weight[kv * d:(kv + 1) * d])
+    if family == "qwen2":
+        assert torch.equal(gdn.q_proj.bias, attn.q_proj.bias)
+        assert torch.equal(gdn.k_proj.bias, repeat_kv_rows(attn.k_proj.bias, 2, 4))
+    else:
+        assert gdn.q_proj.bias is None
+    if family == "qwen3":
+        assert torch.equal(gdn.q_norm.weight, attn.q_norm.weight)
+        assert torch.equal(gdn.k_norm.weight, attn.k_norm.weight)
+    else:
+        assert not hasattr(gdn, "q_norm")
+
+
+def test_repeat_kv_rows_order():
+    w = torch.arange(2 * 3, dtype=torch.float32).reshape(2 * 3, 1)  # 2 KV heads of 3 rows
+    out = repeat_kv_rows(w, 2, 4)
+    assert out[:, 0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
+
+
+def test_build_hybrid_matches_convert_copy_and_config(family):
+    teacher = tiny_teacher(family)
+    a, b = build_hybrid(teacher, KEEP), tcal.convert(teacher, keep=KEEP, init="copy")
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    cfg = hybrid_config_for(teacher, [2, 0], use_short_conv=True)
+    assert cfg.gdn_use_short_conv and cfg.gdn_qkv_bias == (family == "qwen2") and cfg.gdn_qk_norm == (family == "qwen3")
+    assert cfg.gdn_layers == [1, 3]
+    with pytest.raises(TcalError, match="unknown GDN option 'warp'"):
+        hybrid_config_for(teacher, KEEP, warp=1)
+    assert check_keep([2, 0], 4) == [0, 2] and check_keep((i for i in [3]), 4) == [3]
+    check_teacher(teacher)
+    assert family in SUPPORTED_FAMILIES
+
+
+@pytest.mark.parametrize(
+    "keep, message",
+    [
+        ([0, 9], "keep index 9 out of range: the teacher has 4 layers"),
+        ([-1], "keep index -1 out of range"),
+        ([1, 1], "keep lists layer 1 more than once"),
+        ([], "keep is empty"),
+        ([0, 1, 2, 3], "nothing would be converted"),
+        ("every-other", "unknown keep policy .every-other."),
+        ([0.5, 3], "keep must list integer layer indices, got 0.5"),
+        ([True, 3], "keep must list integer layer indices, got True"),
+    ],
+)
+def test_bad_keep_lists(keep, message):
+    with pytest.raises(TcalError, match=message):
+        tcal.convert(tiny_teacher("llama"), keep=keep)
+
+
+def test_unsupported_architecture_names_supported_families():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(TcalError, match=r"unsupported architecture 'gpt2'; tcal converts llama, qwen2, qwen3, mistral"):
+        tcal.convert(gpt2, keep=[0])
+
+
+def test_converting_a_hybrid_is_refused():
+    hybrid = tcal.convert(tiny_teacher("llama"), keep=[0])
+    with pytest.raises(TcalError, match="already a tcal hybrid"):
+        tcal.convert(hybrid, keep=[0])

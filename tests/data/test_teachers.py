@@ -1,0 +1,141 @@
+"""Teacher loading: every error path offline and fast; the real built-in only under `integration`."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import tiny_teacher, word_tokenizer
+
+from tcal.data.teachers import BUILTIN_TEACHERS, DEFAULT_TEACHER, check_gguf_sha256, load_teacher
+from tcal.utils.errors import TcalError
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+
+
+def test_builtins_listed():
+    assert DEFAULT_TEACHER == "smollm2-135m"
+    assert set(BUILTIN_TEACHERS) >= {"smollm2-135m", "gemma3-270m"}
+
+
+def test_unknown_builtin_lists_known():
+    with pytest.raises(TcalError) as e:
+        load_teacher("smollm3-1b")
+    msg = str(e.value)
+    assert "unknown teacher" in msg and "smollm2-135m" in msg and "gemma3-270m" in msg and "\n" not in msg
+
+
+def test_gemma_not_yet_supported(tmp_path):
+    with pytest.raises(TcalError, match="gemma3-270m is not yet supported by the conversion .*supported built-ins: smollm2-135m"):
+        load_teacher("gemma3-270m")
+    assert not (tmp_path / "cache" / "pypi").exists()  # nothing downloaded
+
+
+def test_missing_paths(tmp_path):
+    with pytest.raises(TcalError, match="does not exist"):
+        load_teacher(str(tmp_path / "nope.gguf"))
+    with pytest.raises(TcalError, match="does not exist"):
+        load_teacher("./some/dir")
+
+
+def test_garbage_gguf(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"this is not a gguf file at all" * 10)
+    with pytest.raises(TcalError, match="not a GGUF file"):
+        load_teacher(str(p))
+    q = tmp_path / "y.gguf"
+    q.write_bytes(b"GGUF" + b"\xff" * 64)  # right magic, garbage after
+    with pytest.raises(TcalError, match="GGUF"):
+        load_teacher(str(q))
+
+
+def test_directory_without_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(TcalError, match="no config.json"):
+        load_teacher(str(tmp_path / "m"))
+
+
+def test_other_file_is_an_error(tmp_path):
+    p = tmp_path / "weights.pt"
+    p.write_bytes(b"x")
+    with pytest.raises(TcalError, match="not a .gguf"):
+        load_teacher(str(p))
+
+
+def test_bad_gguf_sha_is_caught(tmp_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF1234")
+    with pytest.raises(TcalError, match="sha256"):
+        check_gguf_sha256(p, "0" * 64)
+    with pytest.raises(TcalError, match="cannot read"):
+        check_gguf_sha256(tmp_path / "absent.gguf", "0" * 64)
+
+
+def test_hub_id_offline_is_one_line_error():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(sys.path))
+    code = (
+        "from tcal.data.teachers import load_teacher\n"
+        "from tcal.utils.errors import TcalError\n"
+        "try:\n    load_teacher('HuggingFaceTB/SmolLM2-135M')\n"
+        "except TcalError as e:\n    print('ERR', e)\n"
+    )
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert time.time() - t0 < 60
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("ERR")]
+    assert line, out.stdout + out.stderr
+    assert "hub is unreachable" in line[0] and ".gguf" in line[0] and "local" in line[0]
+
+
+def test_local_hf_directory_roundtrip(tmp_path):
+    tok = word_tokenizer(["a", "b"])  # <eos> 0, <unk> 1, a 2, b 3
+    model = tiny_teacher("llama", vocab_size=4, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    m2, t2 = load_teacher(str(tmp_path / "m"))
+    ids = torch.tensor([[2, 3, 2, 0]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, m2(ids).logits)
+    assert not m2.training and t2.eos_token_id == 0
+    assert not hasattr(m2, "tcal_spec")
+    m3, _ = load_teacher(str(tmp_path / "m"), dtype=torch.bfloat16)
+    assert next(m3.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.integration
+def test_smollm2_builtin_twice_second_fast(monkeypatch):
+    monkeypatch.delenv("TCAL_CACHE", raising=False)  # the user's cache: convert at most once
+    m1, tok = load_teacher("smollm2-135m")
+    t0 = time.time()
+    m2, tok2 = load_teacher("smollm2-135m")
+    second = time.time() - t0
+    assert second < 15, f"second load took {second:.1f} s"
+    cfg = m2.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size) == (30, 9, 3, 49152)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(m1(ids).logits, m2(ids).logits)
+        nxt = m2(ids).logits[0, -1].argmax().item()
+    assert "Paris" in tok2.decode([nxt])
+
+
+def test_special_tokens_follow_the_gguf_config():
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from tcal.data.teachers import align_special_tokens
+
+    tk = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "a": 3}, unk_token="<|endoftext|>"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_start|>", bos_token="<|im_start|>")
+    model = SimpleNamespace(config=SimpleNamespace(eos_token_id=2, bos_token_id=1, pad_token_id=2))
+    align_special_tokens(model, tok)
+    assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (2, 1, 2)

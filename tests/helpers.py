@@ -1,0 +1,81 @@
+"""Shared test helpers: one tiny-teacher builder, one numerics check, one word-level tokenizer."""
+from __future__ import annotations
+
+import torch
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512)
+
+
+def tiny_teacher(family: str = "llama", seed: int = 0, **over):
+    """A tiny random teacher of a supported family, in eval mode.
+
+    Defaults: GQA 4 query / 2 KV heads, head_dim 16, 4 layers, vocabulary 97; ``over`` overrides any
+    config field (qwen3's head_dim follows hidden_size / num_attention_heads unless given). Biases
+    (qwen2) and q/k norm weights (qwen3) are randomised so that carrying them over is actually tested.
+    """
+    from transformers import (
+        LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+        Qwen3Config, Qwen3ForCausalLM,
+    )
+
+    torch.manual_seed(seed)
+    kw = {**TINY, **over}
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kw))
+    elif family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kw))  # q/k/v biases
+    elif family == "qwen3":
+        kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
+        model = Qwen3ForCausalLM(Qwen3Config(**kw))  # q/k norm
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**kw))
+    else:
+        raise ValueError(family)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "q_norm" in name or "k_norm" in name:
+                p.normal_(0.0, 0.5 if "bias" in name else 0.2).add_(1.0 if "norm" in name else 0.0)
+    return model.eval()
+
+
+def assert_close(actual, expected, rtol: float, name: str = "tensor") -> float:
+    """Relative error ||actual - expected|| / ||expected|| (in float64), printed, asserted <= rtol."""
+    a = torch.as_tensor(actual).detach().double().cpu()
+    e = torch.as_tensor(expected).detach().double().cpu()
+    assert a.shape == e.shape, f"{name}: shape {tuple(a.shape)} != {tuple(e.shape)}"
+    err = ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+    print(f"{name}: rel err {err:.2e}")
+    assert err <= rtol, f"{name}: rel err {err:.2e} > {rtol:.1e}"
+    return err
+
+
+def word_tokenizer(words, extra=()):
+    """A word-level fast tokenizer: <eos> = 0, <unk> = 1, then ``words`` (and ``extra``) in order."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, "<unk>": 1}
+    for w in list(words) + list(extra):
+        vocab.setdefault(w, len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>")
+
+
+def write_distill_assets(root):
+    """A tiny Llama teacher and its copy-init hybrid (keep 0, 2) saved under ``root``, with random
+    training (8000) and evaluation (2048) token files: what the distillation tests run on."""
+    import numpy as np
+
+    import tcal
+
+    teacher = tiny_teacher("llama")
+    teacher.save_pretrained(root / "teacher")
+    tcal.convert(teacher, keep=[0, 2], init="copy").save_pretrained(root / "hybrid")
+    rng = np.random.default_rng(0)
+    np.save(root / "train.npy", rng.integers(0, TINY["vocab_size"], 8000).astype(np.uint16))
+    np.save(root / "eval.npy", rng.integers(0, TINY["vocab_size"], 2048).astype(np.uint16))
+    return root

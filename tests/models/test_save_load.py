@@ -1,0 +1,43 @@
+"""Saving and loading a hybrid: safetensors only, Auto classes, bit-exact, nothing left on failure."""
+import os
+
+import pytest
+import torch
+from helpers import tiny_teacher
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import tcal
+
+KEEP = [0, 2]
+
+
+def ids(B=2, T=21, seed=1):
+    return torch.randint(0, 97, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_save_load_roundtrip_bit_exact(tmp_path, family):
+    hybrid = tcal.convert(tiny_teacher(family), keep=KEEP, init="copy", use_short_conv=True)
+    hybrid.save_pretrained(tmp_path / "h")
+    files = sorted(os.listdir(tmp_path / "h"))
+    assert "model.safetensors" in files and "config.json" in files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl", ".pth"))]
+    assert AutoConfig.from_pretrained(tmp_path / "h").model_type == "tcal_hybrid"
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "h")
+    assert type(reloaded) is tcal.HybridForCausalLM
+    x = ids()
+    with torch.no_grad():
+        assert torch.equal(reloaded.eval()(x).logits, hybrid.eval()(x).logits)
+
+
+def test_failed_save_leaves_no_directory(tmp_path, monkeypatch):
+    hybrid = tcal.convert(tiny_teacher("llama"), keep=KEEP, init="copy")
+    from transformers import PreTrainedModel
+
+    def boom(self, path, *a, **k):
+        (path / "partial.safetensors").write_bytes(b"x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", boom)
+    with pytest.raises(OSError):
+        hybrid.save_pretrained(tmp_path / "out")
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,98 @@
+"""The GatedDeltaNet layer: names, padding, conv/cache behaviour."""
+import pytest
+import torch
+
+from helpers import assert_close
+
+from tcal.modules.config import GDNShape
+from tcal.modules.conv import ShortConvolution
+from tcal.modules.gdn import GatedDeltaNet, inverse_softplus
+from tcal.modules.norms import HeadRMSNorm, l2norm
+
+
+def layer(**over):
+    torch.manual_seed(0)
+    shape = GDNShape(hidden_size=32, num_heads=2, head_dim=8, **over)
+    gdn = GatedDeltaNet(shape, layer_idx=0)
+    with torch.no_grad():  # non-trivial convs so that padding through the conv is tested
+        for name, p in gdn.named_parameters():
+            if "conv1d" in name:
+                p.normal_(0, 0.5)
+    return gdn.eval()
+
+
+def test_fla_parameter_names():
+    names = {n.split(".")[0] for n, _ in layer(use_short_conv=True, qk_norm=True).named_parameters()}
+    assert names == {"q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_proj", "A_log", "dt_bias",
+                     "o_norm", "q_conv1d", "k_conv1d", "v_conv1d", "q_norm", "k_norm"}
+    assert "g_proj" not in {n.split(".")[0] for n, _ in layer(output_gate=False).named_parameters()}
+
+
+def test_default_decay_is_fla_range():
+    gdn = layer()
+    assert ((gdn.A_log.exp() >= 1 - 1e-5) & (gdn.A_log.exp() <= 16 + 1e-4)).all()
+    dt = torch.nn.functional.softplus(gdn.dt_bias)
+    assert ((dt > 9e-4) & (dt < 0.11)).all()
+
+
+@pytest.mark.parametrize("conv", [False, True])
+@pytest.mark.parametrize("backend", ["naive", "chunk"])
+def test_left_padding_matches_unpadded(conv, backend):
+    gdn = layer(use_short_conv=conv, backend=backend)
+    x = torch.randn(2, 23, 32)
+    lengths = [23, 15]
+    padded = x.clone()
+    padded[1, :8] = torch.randn(8, 32) * 100  # garbage in the padding must not leak
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, :8] = 0
+    with torch.no_grad():
+        y, _ = gdn(padded, tcal_keep=mask.float())
+        y0, _ = gdn(x[:1])
+        y1, _ = gdn(padded[1:, 8:])
+    assert_close(y[0], y0[0], 1e-5, f"{backend} conv={conv} unpadded row")
+    assert_close(y[1, 8:], y1[0], 1e-5, f"{backend} conv={conv} left-padded row")
+    assert lengths
+
+
+def test_short_conv_identity_init_is_a_no_op():
+    torch.manual_seed(0)
+    with_conv = GatedDeltaNet(GDNShape(hidden_size=32, num_heads=2, head_dim=8, use_short_conv=True), 0)
+    without = GatedDeltaNet(GDNShape(hidden_size=32, num_heads=2, head_dim=8), 0)
+    without.load_state_dict({k: v for k, v in with_conv.state_dict().items() if "conv1d" not in k})
+    x = torch.randn(1, 9, 32)
+    with torch.no_grad():
+        assert_close(with_conv(x)[0], without(x)[0], 1.3e-6, "identity short conv vs none")
+
+
+def test_gates_formula():
+    gdn = layer()
+    x = torch.randn(1, 5, 32)
+    g, beta = gdn.gates(x)
+    expect_g = -gdn.A_log.exp() * torch.nn.functional.softplus(gdn.a_proj(x) + gdn.dt_bias)
+    torch.testing.assert_close(g, expect_g)
+    torch.testing.assert_close(beta, torch.sigmoid(gdn.b_proj(x)))
+    assert (g <= 0).all()
+
+
+def test_short_conv_state_continues_the_sequence():
+    torch.manual_seed(0)
+    conv = ShortConvolution(6, 4)
+    x = torch.randn(2, 11, 6)
+    with torch.no_grad():
+        full, _ = conv(x)
+        a, state = conv(x[:, :7])
+        b, _ = conv(x[:, 7:], prefix=state)
+    assert state.shape == (2, 6, 3)
+    assert_close(torch.cat([a, b], 1), full, 1e-6, "conv split with state vs whole")
+
+
+def test_norms():
+    x = torch.randn(3, 5, 8) * 4
+    torch.testing.assert_close(l2norm(x).norm(dim=-1), torch.ones(3, 5), rtol=0, atol=1e-5)
+    norm = HeadRMSNorm(8)
+    y = norm(x)
+    torch.testing.assert_close(y.pow(2).mean(-1), torch.ones(3, 5), rtol=0, atol=1e-4)
+    g = torch.randn(3, 5, 8)
+    torch.testing.assert_close(norm(x, g), y * torch.nn.functional.silu(g))
+    torch.testing.assert_close(torch.nn.functional.softplus(inverse_softplus(torch.tensor([1e-3, 0.5, 20.0]))),
+                               torch.tensor([1e-3, 0.5, 20.0]), rtol=1e-5, atol=1e-7)

@@ -1,0 +1,144 @@
+"""The `tcal` command line end to end on a tiny teacher directory and text files (no downloads)."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+from helpers import tiny_teacher, word_tokenizer
+from transformers import AutoModelForCausalLM
+
+import tcal
+from tcal.cli import COMMANDS, build_parser, main, recipe
+from tcal.recipes.eval import EvalConfig
+from tcal.recipes.eval import run as run_eval
+
+WORDS = ("the cat sat on a mat dog ran far away and then came back home to old red big small tree house "
+         "river hill road town king queen sun moon star day night").split()
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture()
+def workspace(tmp_path):
+    """A tiny Llama teacher with a word-level tokenizer, and disjoint calibration / evaluation texts."""
+    tok = word_tokenizer(WORDS)
+    teacher = tiny_teacher("llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                           max_position_embeddings=256, eos_token_id=0, bos_token_id=0)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    rng = random.Random(0)
+    (tmp_path / "calib.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(3000)))
+    (tmp_path / "eval.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(1500)))
+    return tmp_path
+
+
+def run(*argv):
+    return main([str(a) for a in argv])
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for cmd in ("convert", "eval", "stats", "ablate", "distill", "recover", "pool"):
+        assert cmd in out
+
+
+def test_command_table_maps_to_recipes():
+    assert set(COMMANDS) == {"convert", "eval", "stats", "ablate", "distill", "recover", "pool"}
+    for name, (module, cls_name, help_text) in COMMANDS.items():
+        cls, run = recipe(name)
+        assert module == f"tcal.recipes.{name}" and cls.__name__ == cls_name and callable(run) and help_text
+    ns = build_parser().parse_args(["eval", "some/dir", "--windows", "3"])
+    assert (ns.command, ns.positional, ns.windows) == ("eval", "some/dir", 3)
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom tcal.cli import build_parser\nbuild_parser().format_help()\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "tcal.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "convert" in out.stdout
+
+
+def test_convert_copy_writes_a_loadable_checkpoint(workspace, capsys):
+    out = workspace / "hybrid"
+    assert run("convert", "--teacher", workspace / "teacher", "--keep", "0,2", "--init", "copy", "--out", out,
+               "--eval", workspace / "eval.txt", "--eval-window", 32, "--eval-windows", 4, "--device", "cpu") == 0
+    files = set(os.listdir(out))
+    assert {"model.safetensors", "config.json", "tcal_config.json", "report.json", "report.md",
+            "tokenizer.json"} <= files
+    cfg = json.loads((out / "tcal_config.json").read_text())
+    assert cfg["keep"] == "0,2" and cfg["init"] == "copy" and cfg["stage"] == "convert"
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["eval"]) == {"teacher", "hybrid"}
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert isinstance(model, tcal.HybridForCausalLM) and model.config.attention_layers == [0, 2]
+    # tcal eval on the saved hybrid reproduces the report's number (same protocol, same weights)
+    rep = run_eval(EvalConfig(model=str(out), data=str(workspace / "eval.txt"), window=32, windows=4, device="cpu"))
+    assert rep["ppl"] == pytest.approx(report["eval"]["hybrid"]["ppl"], rel=1e-6)
+
+
+def test_convert_taylor_with_policy(workspace):
+    out = workspace / "taylor"
+    assert run("convert", "--teacher", workspace / "teacher", "--keep", "uniform:2", "--init", "taylor",
+               "--calib", workspace / "calib.txt", "--calib-window", 32, "--calib-windows", 8,
+               "--align-steps", 5, "--out", out, "--eval", "none", "--device", "cpu") == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["calibration"]["sequences"] == 8
+    assert {"teacher_stats.json", "report.md"} <= set(os.listdir(out))
+    assert AutoModelForCausalLM.from_pretrained(out).config.attention_layers == [0, 2]
+
+
+def test_stats_command(workspace):
+    out = workspace / "stats"
+    assert run("stats", workspace / "teacher", "--data", workspace / "calib.txt", "--window", 32, "--windows", 4,
+               "--out", out, "--device", "cpu") == 0
+    assert {"teacher_stats.json", "stats.png", "stats.txt"} <= set(os.listdir(out))
+
+
+def test_ablate_small(workspace):
+    out = workspace / "ablate"
+    assert run("ablate", "--teacher", workspace / "teacher", "--keep", "0,2", "--inits", "copy,zero-gate,taylor",
+               "--calib", workspace / "calib.txt", "--calib-window", 32, "--calib-windows", 8, "--align-steps", 5,
+               "--eval", workspace / "eval.txt", "--eval-window", 32, "--eval-windows", 4, "--out", out,
+               "--device", "cpu", "--no-progress") == 0
+    res = json.loads((out / "ablation.json").read_text())
+    assert [r["init"] for r in res["rows"]] == ["copy", "zero-gate", "taylor"]
+    assert res["rows"][0]["copy_over_init"] == pytest.approx(1.0)
+    assert res["rows"][2]["heldout_fit"] is not None and res["rows"][2]["phase_seconds"]["phase2"] > 0
+    assert {"ablation.md", "ablation.png", "teacher_stats.json", "tcal_config.json"} <= set(os.listdir(out))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["convert", "--teacher", "{ws}/nope", "--out", "{ws}/x", "--eval", "none"], "does not exist"),
+    (["convert", "--teacher", "{ws}/teacher", "--keep", "0,9", "--out", "{ws}/x", "--eval", "none"],
+     "keep index 9 out of range"),
+    (["convert", "--teacher", "{ws}/teacher", "--keep", "best:2", "--out", "{ws}/x", "--eval", "none"],
+     "unknown keep policy"),
+    (["convert", "--teacher", "{ws}/teacher", "--init", "magic", "--out", "{ws}/x", "--eval", "none"],
+     "unknown init 'magic'"),
+    (["eval", "{ws}/teacher", "--data", "{ws}/empty.txt", "--window", "32", "--windows", "2"], "empty"),
+    (["eval", "{ws}/teacher", "--data", "{ws}/eval.txt", "--window", "32", "--windows", "5000"], "tokens"),
+    (["ablate", "--teacher", "{ws}/teacher", "--calib", "wiki", "--eval", "wiki:eval"], "overlaps"),
+    (["convert", "--teacher", "{ws}/teacher", "--calib", "wiki:eval", "--eval", "wiki:eval", "--out", "{ws}/x"],
+     "overlaps"),
+])
+def test_bad_input_is_one_line_and_leaves_no_output(workspace, capsys, argv, message):
+    (workspace / "empty.txt").write_text("")
+    argv = [a.replace("{ws}", str(workspace)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("tcal: error: ")]
+    assert len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+    assert not (workspace / "x").exists()

@@ -1,0 +1,143 @@
+"""`tcal distill` (tcal.recipes.distill) end to end on a tiny random Llama teacher (CPU, no downloads)."""
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from helpers import write_distill_assets
+from safetensors.torch import load_file
+
+from tcal.recipes.distill import DistillConfig, run, start_partial
+from tcal.train.checkpoint import load_model, partial_dir
+from tcal.train.curve import read_curve
+from tcal.utils.config import add_dataclass_args, from_args
+from tcal.utils.errors import TcalError
+
+VOCAB = 97
+SEQ, BATCH = 16, 4
+TPS = SEQ * BATCH
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return write_distill_assets(tmp_path_factory.mktemp("distill"))
+
+
+def make_cfg(assets, out, **over):
+    kw = dict(hybrid=str(assets / "hybrid"), teacher=str(assets / "teacher"), data=str(assets / "train.npy"),
+              eval=str(assets / "eval.npy"), eval_window=32, eval_windows=2, tokens=24 * TPS, seq_len=SEQ,
+              batch_size=BATCH, lr=3e-3, eval_every=4 * TPS, eval_early=0, save_every=8 * TPS, kl_chunk=24,
+              out=str(out), progress=False)
+    kw.update(over)
+    return DistillConfig(**kw)
+
+
+def curve_without_time(path):
+    """Rows without the wall-clock column; NaN (no training loss yet at step 0) as None so rows compare."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items() if k != "elapsed_s"}
+            for r in read_curve(path)]
+
+
+def weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_loss_decreases_and_outputs(assets, tmp_path):
+    out = tmp_path / "run"
+    rep = run(make_cfg(assets, out, tokens=32 * TPS, eval_every=8 * TPS, schedule="constant"))
+    rows = read_curve(out / "curve.csv")
+    assert [r["step"] for r in rows] == [0, 8, 16, 24, 32]
+    losses = [r["train_loss"] for r in rows[1:]]
+    assert math.isnan(rows[0]["train_loss"])
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert rep["status"] == "done" and rep["final_ppl"] == rows[-1]["eval_ppl"]
+    # final output: safetensors model, curve, plot, reports; no resume state; partial dir gone
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "curve.csv", "curve.png", "report.json", "report.md",
+            "tcal_config.json"} <= names
+    assert not any(p.suffix in (".pt", ".bin", ".pth") for p in out.rglob("*")) and not (out / "resume").exists()
+    assert not partial_dir(out).exists()
+    cfg = json.loads((out / "tcal_config.json").read_text())
+    assert cfg["stage"] == "distill" and cfg["resolved"]["tokens_per_step"] == TPS
+    # only the GDN layers trained: kept attention layers and everything else bit-identical
+    before, after = weights(assets / "hybrid"), weights(out)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith(("model.layers.1.self_attn.", "model.layers.3.self_attn.")) for k in changed)
+    reloaded = load_model(out)
+    assert type(reloaded).__name__ == "HybridForCausalLM"
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_kill_gives_the_same_curve_and_weights(assets, tmp_path):
+    straight = tmp_path / "straight"
+    run(make_cfg(assets, straight))
+
+    killed = tmp_path / "killed"
+
+    def kill(step, tokens):
+        if step == 13:  # after the checkpoint at step 8 and the evaluations at 4, 8, 12
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(make_cfg(assets, killed), callback=kill)
+    assert not killed.exists() and (partial_dir(killed) / "checkpoint" / "resume" / "state.json").is_file()
+    state = json.loads((partial_dir(killed) / "checkpoint" / "resume" / "state.json").read_text())
+    assert state["step"] == 8 and state["tokens"] == 8 * TPS
+    with pytest.raises(TcalError, match="--resume"):
+        run(make_cfg(assets, killed))
+    with pytest.raises(TcalError, match="settings changed"):
+        run(make_cfg(assets, killed, resume=True, lr=1e-3))
+    rep = run(make_cfg(assets, killed, resume=True))
+    assert rep["segments"] == 2
+    assert curve_without_time(killed / "curve.csv") == curve_without_time(straight / "curve.csv")
+    a, b = weights(straight), weights(killed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_pause_and_resume_gives_the_same_curve(assets, tmp_path):
+    straight = tmp_path / "straight"
+    run(make_cfg(assets, straight, schedule="cosine", micro_batch=2))
+    paused = tmp_path / "paused"
+    rep = run(make_cfg(assets, paused, schedule="cosine", micro_batch=2, stop_after_tokens=10 * TPS))
+    assert rep["status"] == "paused" and rep["tokens"] == 10 * TPS and not paused.exists()
+    rep = run(make_cfg(assets, paused, schedule="cosine", micro_batch=2, resume=True))
+    assert rep["status"] == "done" and rep["tokens"] == 24 * TPS
+    assert curve_without_time(paused / "curve.csv") == curve_without_time(straight / "curve.csv")
+    a, b = weights(straight), weights(paused)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_of_a_finished_run_is_a_no_op(assets, tmp_path, capsys):
+    out = tmp_path / "done"
+    rep = run(make_cfg(assets, out, tokens=4 * TPS))
+    again = run(make_cfg(assets, out, tokens=4 * TPS, resume=True))
+    assert again["final_ppl"] == rep["final_ppl"] and "already finished" in capsys.readouterr().out
+
+
+def test_start_partial(tmp_path):
+    out = tmp_path / "run"
+    assert start_partial(out, resume=False) == partial_dir(out)
+    partial_dir(out).mkdir()
+    with pytest.raises(TcalError, match="--resume"):
+        start_partial(out, resume=False)
+    assert start_partial(out, resume=True) == partial_dir(out) and not partial_dir(out).exists()  # no checkpoint
+
+
+def test_distill_config_maps_to_cli_flags():
+    p = argparse.ArgumentParser()
+    add_dataclass_args(p, DistillConfig)
+    cfg = from_args(DistillConfig, p.parse_args(["--hybrid", "h", "--tokens", "5", "--no-progress", "--resume",
+                                                 "--schedule", "constant", "--train", "all"]))
+    assert (cfg.hybrid, cfg.tokens, cfg.progress, cfg.resume, cfg.schedule, cfg.train) == ("h", 5, False, True,
+                                                                                            "constant", "all")
+    with pytest.raises(TcalError, match="contains the evaluation"):
+        run(DistillConfig(data="wiki", eval="wiki:eval", progress=False))

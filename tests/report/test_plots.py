@@ -1,0 +1,49 @@
+"""Plots (smoke): every plot writes a real image without touching pyplot's global state."""
+import sys
+
+import torch
+from helpers import tiny_teacher
+
+from tcal.conversion.select import Selection
+from tcal.report.plots import fmt_ppl, plot_ablation, plot_curve, plot_recovery, plot_selection, plot_stats
+from tcal.report.targets import target_table
+from tcal.taylor.statistics import collect_stats
+
+PNG = b"\x89PNG"
+COPY = [(0, 1000.0), (100, 50.0), (200, 20.0), (300, 15.0)]
+TAYLOR = [(0, 100.0), (100, 14.0), (200, 11.5), (300, 10.5)]
+
+
+def rows(curve):
+    return [{"tokens": t, "step": i, "eval_ppl": p, "train_loss": float("nan") if i == 0 else 3.0 - i,
+             "lr": 1e-3, "elapsed_s": float(i)} for i, (t, p) in enumerate(curve)]
+
+
+def is_png(path):
+    return open(path, "rb").read(4) == PNG
+
+
+def test_fmt_ppl():
+    assert (fmt_ppl(12.34), fmt_ppl(12345.6), fmt_ppl(float("inf"))) == ("12.3", "12,346", "inf")
+
+
+def test_curve_and_recovery_plots(tmp_path):
+    assert is_png(plot_curve(rows(TAYLOR), tmp_path / "curve.png", teacher_ppl=10.0, title="t"))
+    curves = {"copy": rows(COPY), "taylor": rows(TAYLOR)}
+    table = target_table(curves, teacher_ppl=10.0)
+    assert is_png(plot_recovery(curves, 10.0, tmp_path / "recovery.png", table=table, title="r"))
+
+
+def test_stats_ablation_and_selection_plots(tmp_path):
+    pyplot_before = "matplotlib.pyplot" in sys.modules
+    teacher = tiny_teacher("llama", num_hidden_layers=2)
+    stats = collect_stats(teacher, torch.randint(0, 97, (2, 8)), progress=False)
+    assert is_png(plot_stats(stats, tmp_path / "sub" / "stats.png"))
+    res = {"rows": [{"init": "copy", "ppl": 900.0}, {"init": "taylor-exact-silent", "ppl": 40.0}],
+           "teacher_ppl": 20.0, "evaluation": {"data": "wiki:eval"}, "teacher": "tiny", "converted_fraction": 0.5}
+    plot_ablation(res, tmp_path / "ablation.png", baselines=("copy",))
+    assert is_png(tmp_path / "ablation.png")
+    sel = Selection("ar:2", [1, 3], [30.0, 50.0, 20.0, 60.0], "ppl_with_layer_attention_removed")
+    plot_selection(sel, tmp_path / "selection.png", teacher_ppl=15.0)
+    assert is_png(tmp_path / "selection.png")
+    assert pyplot_before or "matplotlib.pyplot" not in sys.modules  # the plots never import pyplot
