@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     except TcalError as err:
         print(f"tcal: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a file or disk problem no check foresaw: still one line, never a traceback
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"tcal: error: {err.strerror or err}{where}; check the paths, their permissions and free disk space",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         hint = " (rerun with --resume to continue from the last checkpoint)" if ns.command in ("distill", "recover") else ""
         print(f"tcal: interrupted{hint}", file=sys.stderr)

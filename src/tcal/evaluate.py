@@ -81,6 +81,9 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
         window, windows = int(ids.shape[-1]), int(ids.shape[0])
         stride = stride or window
     else:
+        if tokenizer is None:
+            raise TcalError("perplexity of text needs the model's tokenizer: pass tokenizer= "
+                            "(or token windows as an (N, W) tensor)")
         corpus = as_corpus(data, cache_dir=cache_dir)
         name, dhash = corpus.name, corpus.content_hash[:16]
         stride = stride or window

@@ -1,41 +1,16 @@
 """The `tcal` command line end to end on a tiny teacher directory and text files (no downloads)."""
 import json
 import os
-import random
 import subprocess
 import sys
 
 import pytest
-from helpers import tiny_teacher, word_tokenizer
 from transformers import AutoModelForCausalLM
 
 import tcal
 from tcal.cli import COMMANDS, build_parser, main, recipe
 from tcal.recipes.eval import EvalConfig
 from tcal.recipes.eval import run as run_eval
-
-WORDS = ("the cat sat on a mat dog ran far away and then came back home to old red big small tree house "
-         "river hill road town king queen sun moon star day night").split()
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture()
-def workspace(tmp_path):
-    """A tiny Llama teacher with a word-level tokenizer, and disjoint calibration / evaluation texts."""
-    tok = word_tokenizer(WORDS)
-    teacher = tiny_teacher("llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                           max_position_embeddings=256, eos_token_id=0, bos_token_id=0)
-    teacher.save_pretrained(tmp_path / "teacher")
-    tok.save_pretrained(tmp_path / "teacher")
-    rng = random.Random(0)
-    (tmp_path / "calib.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(3000)))
-    (tmp_path / "eval.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(1500)))
-    return tmp_path
-
 
 def run(*argv):
     return main([str(a) for a in argv])
@@ -129,7 +104,7 @@ def test_ablate_small(workspace):
      "unknown init 'magic'"),
     (["eval", "{ws}/teacher", "--data", "{ws}/empty.txt", "--window", "32", "--windows", "2"], "empty"),
     (["eval", "{ws}/teacher", "--data", "{ws}/eval.txt", "--window", "32", "--windows", "5000"], "tokens"),
-    (["ablate", "--teacher", "{ws}/teacher", "--calib", "wiki", "--eval", "wiki:eval"], "overlaps"),
+    (["ablate", "--teacher", "{ws}/teacher", "--calib", "wiki", "--eval", "wiki:eval", "--out", "{ws}/x"], "overlaps"),
     (["convert", "--teacher", "{ws}/teacher", "--calib", "wiki:eval", "--eval", "wiki:eval", "--out", "{ws}/x"],
      "overlaps"),
 ])

@@ -126,10 +126,13 @@ def test_resume_of_a_finished_run_is_a_no_op(assets, tmp_path, capsys):
 def test_start_partial(tmp_path):
     out = tmp_path / "run"
     assert start_partial(out, resume=False) == partial_dir(out)
-    partial_dir(out).mkdir()
+    partial_dir(out).mkdir()  # no checkpoint: nothing to resume, so it blocks nothing
+    assert start_partial(out, resume=False) == partial_dir(out) and not partial_dir(out).exists()
+    (partial_dir(out) / "checkpoint" / "resume").mkdir(parents=True)
+    (partial_dir(out) / "checkpoint" / "resume" / "state.json").write_text("{}")
     with pytest.raises(TcalError, match="--resume"):
         start_partial(out, resume=False)
-    assert start_partial(out, resume=True) == partial_dir(out) and not partial_dir(out).exists()  # no checkpoint
+    assert start_partial(out, resume=True) == partial_dir(out) and partial_dir(out).exists()
 
 
 def test_distill_config_maps_to_cli_flags():

@@ -194,11 +194,22 @@ def builtin_documents(name: str, split: str = "all", *, cache_dir=None) -> list[
     return [(k, t) for k, t in docs if split_of(k) == split]
 
 
+def looks_binary(data: bytes) -> bool:
+    """NUL bytes, or more than 1 % of the characters not decodable as UTF-8: not text."""
+    if b"\x00" in data:
+        return True
+    text = data.decode("utf-8", errors="replace")
+    return text.count("\ufffd") > max(8, len(text) // 100)
+
+
 def _read_text_file(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        data = path.read_bytes()
     except OSError as e:
         raise TcalError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    if looks_binary(data):
+        raise TcalError(f"{path} is not text (binary data); give UTF-8 text files as corpora")
+    return data.decode("utf-8", errors="replace")
 
 
 def _read_jsonl(path: Path) -> list[str]:

@@ -235,7 +235,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
     say(f"dequantising GGUF {gguf_path.name} (~30 s, once) into {final}")
     t0 = time.time()
     model, tok = _load_gguf(gguf_path, dtype=torch.float32)
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final, replace=True) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None and not (tmp / "generation_config.json").exists():

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, TeacherArgs, arg
+from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
 log = logging.getLogger("tcal")
 
@@ -21,7 +21,7 @@ OURS = "taylor-exact-silent"
 
 
 @dataclass
-class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, DeviceArgs):
+class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, K%)")
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int = arg(150, "Phase 2 AdamW steps per layer (reference: 300; 150 keeps the default run "
@@ -33,23 +33,39 @@ class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, DeviceArgs):
     progress: bool = arg(True, "progress bars")
 
 
+def _check(cfg: AblateConfig):
+    """Every argument, before the teacher loads: (output directory, init names)."""
+    from tcal.conversion.inits import parse_inits
+    from tcal.conversion.policy import parse_keep, parse_policy
+    from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.utils.atomic import check_out
+
+    out = check_out(cfg.out, "ablate", cfg.overwrite)
+    inits = parse_inits(cfg.inits)
+    parse_policy(parse_keep(cfg.keep), num_layers=1 << 30)
+    cfg.check_calib()
+    cfg.check_eval()
+    check_disjoint(cfg.calib, cfg.eval, role="calibration")
+    as_corpus(cfg.calib), as_corpus(cfg.eval)
+    return out, inits
+
+
 def run(cfg: AblateConfig) -> dict:
     from tcal.conversion.convert import calibration_ids, convert_with_record
-    from tcal.conversion.inits import get_init, parse_inits
+    from tcal.conversion.inits import get_init
+    from tcal.conversion.policy import parse_keep
     from tcal.conversion.select import SelectionConfig, select_layers
-    from tcal.data.corpora import check_disjoint
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import token_windows
     from tcal.evaluate import perplexity_report
     from tcal.report.plots import plot_ablation
     from tcal.taylor.phase2 import AlignConfig
     from tcal.taylor.pipeline import prepare
-    from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.atomic import atomic_dir, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device
 
-    check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    inits = parse_inits(cfg.inits)
+    out, inits = _check(cfg)
     align = AlignConfig(steps=cfg.align_steps)
     device = resolve_device(cfg.device)
     t_start = time.perf_counter()
@@ -57,7 +73,8 @@ def run(cfg: AblateConfig) -> dict:
     if tok is None:
         raise TcalError(f"teacher {cfg.teacher} has no tokenizer; ablate needs one to read the corpora")
     L = teacher.config.num_hidden_layers
-    sel = select_layers(teacher, cfg.keep, tokenizer=tok, cfg=SelectionConfig(data=cfg.calib), progress=cfg.progress)
+    sel = select_layers(teacher, parse_keep(cfg.keep), tokenizer=tok, cfg=SelectionConfig(data=cfg.calib),
+                        progress=cfg.progress)
     keep = sel.layers
     gdn_layers = [i for i in range(L) if i not in keep]
     eval_ids = token_windows(cfg.eval, tok, window=cfg.eval_window, n_windows=cfg.eval_windows)
@@ -107,7 +124,7 @@ def run(cfg: AblateConfig) -> dict:
         "stats_s": stats_s, "stats_per_layer_s": stats_s / len(gdn_layers), "device": device,
         "rows": rows, "total_s": time.perf_counter() - t_start,
     }
-    with atomic_dir(cfg.out) as tmp:
+    with atomic_dir(out) as tmp:
         write_json(tmp / "ablation.json", result)
         (tmp / "ablation.md").write_text(ablation_markdown(result))
         plot_ablation(result, tmp / "ablation.png", baselines=BASELINES)
@@ -115,8 +132,7 @@ def run(cfg: AblateConfig) -> dict:
             write_json(tmp / "teacher_stats.json", calibration.stats.to_dict())
         write_json(tmp / "tcal_config.json", {"stage": "ablate", **dataclasses.asdict(cfg)})
     print(ablation_markdown(result))
-    print(f"wrote {cfg.out} ({result['total_s']:.0f} s): ablation.md, ablation.json, ablation.png, "
-          f"teacher_stats.json, tcal_config.json")
+    print(f"wrote {cfg.out} ({result['total_s']:.0f} s): {', '.join(written_files(out))}")
     return result
 
 

@@ -8,16 +8,17 @@ from pathlib import Path
 
 from tcal.conversion.inits import INITS
 from tcal.conversion.policy import POLICIES
-from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, TeacherArgs, arg
+from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 
 KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
              ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%)")
 
 
 @dataclass
-class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, DeviceArgs):
+class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceArgs):
     keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28", KEEP_HELP)
-    init: str = arg("copy", "initialisation of the GDN layers: " + ", ".join(INITS))
+    init: str = arg("taylor-exact-silent", "initialisation of the GDN layers: " + ", ".join(INITS) +
+                    " (docs/method.md says what each does)")
     out: str = arg("runs/convert", "output directory (written atomically)")
     dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
     seed: int = arg(0, "seed for the random parts of the initialisation")
@@ -28,24 +29,34 @@ def run(cfg: ConvertConfig) -> Path:
 
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
-    from tcal.conversion.policy import parse_keep
+    from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.teachers import load_teacher
     from tcal.evaluate import perplexity_report
     from tcal.taylor.phase2 import AlignConfig
-    from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
+    # every argument is checked before the teacher loads
     spec = get_init(cfg.init)
-    if cfg.eval.lower() != "none":
+    out = check_out(cfg.out, "convert", cfg.overwrite)
+    keep = parse_keep(cfg.keep)
+    parse_policy(keep, num_layers=1 << 30)  # the policy's syntax; its K is checked against the teacher later
+    evaluate = cfg.eval.lower() != "none"
+    if spec.calibrated:
+        cfg.check_calib()
+        as_corpus(cfg.calib)
+    if evaluate:
+        cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
+        eval_corpus = as_corpus(cfg.eval)  # read once for both models
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
     conv = convert_with_record(
-        teacher, parse_keep(cfg.keep), spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
+        teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
         calib_window=cfg.calib_window, calib_windows=cfg.calib_windows, progress=True,
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
         **({"align": AlignConfig(steps=cfg.align_steps)} if spec.calibrated else {}),
@@ -55,14 +66,13 @@ def run(cfg: ConvertConfig) -> Path:
     report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
               "calibration": record.get("calibration")}
-    if cfg.eval.lower() != "none":
-        corpus = as_corpus(cfg.eval)  # read once for both models
+    if evaluate:
         report["eval"] = {
-            name: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows)
+            name: perplexity_report(model, tokenizer, eval_corpus, window=cfg.eval_window, windows=cfg.eval_windows)
             for name, model in (("teacher", teacher), ("hybrid", hybrid))
         }
     stats = record["detail"].get("statistics")
-    with atomic_dir(cfg.out) as tmp, torch.no_grad():
+    with atomic_dir(out) as tmp, torch.no_grad():
         hybrid.save_pretrained(tmp, atomic=False)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -71,11 +81,11 @@ def run(cfg: ConvertConfig) -> Path:
         (tmp / "report.md").write_text(convert_markdown(cfg, report))
         if stats is not None:
             write_json(tmp / "teacher_stats.json", stats)
-    print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, "
-          f"attention kept at {hybrid.config.attention_layers}")
     for name, r in report.get("eval", {}).items():
-        print(f"  {name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
-    return Path(cfg.out)
+        print(f"{name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
+    print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, attention kept at "
+          f"{hybrid.config.attention_layers}; files: {', '.join(written_files(out))}")
+    return out
 
 
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:

@@ -7,6 +7,7 @@ the partial directory is removed.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import sys
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcal.train.config import TrainOptions
-from tcal.utils.config import TeacherArgs, arg
+from tcal.utils.config import OutArgs, TeacherArgs, arg
 
 
 @dataclass
-class DistillConfig(TrainOptions, TeacherArgs):
+class DistillConfig(TrainOptions, TeacherArgs, OutArgs):
     hybrid: str = arg("runs/convert", "the hybrid to distill: a directory written by `tcal convert`")
     data: str = arg("", "training tokens: a token pool directory (tcal pool), a .npy file or a corpus spec")
     tokens: int = arg(1_000_000, "training-token budget (rounded up to whole steps)")
@@ -26,17 +27,31 @@ class DistillConfig(TrainOptions, TeacherArgs):
 
 
 def start_partial(out, resume: bool) -> Path:
-    """The run's partial directory: refused if it holds an interrupted run and ``resume`` is off;
-    removed if it holds no checkpoint (killed before the first one: start again)."""
+    """The run's partial directory. One without a checkpoint holds nothing to resume and is removed;
+    one with a checkpoint is refused unless ``resume``."""
     from tcal.train.checkpoint import has_checkpoint, partial_dir
     from tcal.utils.errors import TcalError
 
     partial = partial_dir(out)
-    if partial.is_dir() and not resume:
-        raise TcalError(f"{partial} holds an interrupted run; pass --resume to continue it, or delete it")
     if partial.is_dir() and not has_checkpoint(out):
         shutil.rmtree(partial)
+    if partial.is_dir() and not resume:
+        raise TcalError(f"{partial} holds an interrupted run; pass --resume to continue it, or delete it")
     return partial
+
+
+@contextlib.contextmanager
+def removed_unless_resumable(out):
+    """A run that fails before its first checkpoint leaves no partial directory behind: there is
+    nothing to resume, and it must not block the next run."""
+    from tcal.train.checkpoint import has_checkpoint, partial_dir
+
+    try:
+        yield
+    except BaseException:
+        if not has_checkpoint(out):
+            shutil.rmtree(partial_dir(out), ignore_errors=True)
+        raise
 
 
 def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> None:
@@ -71,10 +86,11 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
     from tcal.train.config import changed_settings, check_train_options
     from tcal.train.trainer import distill
-    from tcal.utils.atomic import write_json
+    from tcal.utils.atomic import check_out, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
+    # every argument is checked before a model loads
     check_train_options(cfg, cfg.tokens)
     settings = dataclasses.asdict(cfg)
     if cfg.resume:
@@ -82,31 +98,35 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
         if done is not None and not has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):
             print(f"{cfg.out} is already finished; nothing to resume")
             return done
+    out = check_out(cfg.out, "distill", cfg.overwrite)
     check_disjoint(cfg.data, cfg.eval)
+    resuming = cfg.resume and has_checkpoint(out)
+    if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
+        raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
     device = resolve_device(cfg.device)
     teacher, tok_t = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     student = tok_s = None
-    if not (cfg.resume and has_checkpoint(cfg.out)):
-        if not Path(cfg.hybrid).is_dir():
-            raise TcalError(f"hybrid {cfg.hybrid} is not a directory; write one with `tcal convert --out DIR`")
+    if not resuming:
         student, tok_s = load_model_and_tokenizer(cfg.hybrid, dtype=torch.float32, device=device)
     tokenizer = tok_s or tok_t
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    partial = start_partial(cfg.out, cfg.resume)
-    report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens, eval_ids=eval_ids,
-                              partial=partial, settings=settings, callback=callback)
+    partial = start_partial(out, cfg.resume)
+    with removed_unless_resumable(out):
+        report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
+                                  eval_ids=eval_ids, partial=partial, settings=settings, callback=callback)
     report.update(budget_tokens=cfg.tokens, data=info)
     if report["status"] == "paused":
         print(f"tcal distill: paused at {report['tokens']:,} of {report['total_steps'] * report['tokens_per_step']:,} "
               f"tokens; rerun with --resume to continue ({partial})", file=sys.stderr)
         write_json(partial / "report.partial.json", report)
         return report
-    finish_run(cfg.out, report, student, tokenizer, cfg, title=f"distill {Path(cfg.out).name}")
+    finish_run(out, report, student, tokenizer, cfg, title=f"distill {out.name}")
     tp = report["train_tokens_per_s"]
-    print(f"wrote {cfg.out}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after "
-          f"{report['tokens']:,} tokens (teacher {report['teacher_ppl']:.2f}); "
-          f"{tp:,.0f} tokens/s, peak memory {human_bytes(report['peak_memory']['bytes'])}")
+    print(f"PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} tokens "
+          f"(teacher {report['teacher_ppl']:.2f}); {tp:,.0f} tokens/s, peak memory "
+          f"{human_bytes(report['peak_memory']['bytes'])}")
+    print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return report
 
 

@@ -24,14 +24,14 @@ from pathlib import Path
 
 from tcal.recipes.distill import DistillConfig, finish_run, start_partial
 from tcal.train.config import SCHEDULES, TrainOptions
-from tcal.utils.config import CalibArgs, GDNArgs, TeacherArgs, arg
+from tcal.utils.config import CalibArgs, GDNArgs, OutArgs, TeacherArgs, arg
 
 # Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
 RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device"}
 
 
 @dataclass
-class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs):
+class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs, OutArgs):
     keep: str = arg("0,4,8,12,16,20,24,28", "layers kept as softmax attention: a list like 0,4,8")
     inits: str = arg("copy,taylor", "initialisations to compare, comma-separated (copy is the baseline)")
     data: str = arg("", "training tokens: a token pool directory (tcal pool), a .npy file or a corpus spec")
@@ -58,19 +58,29 @@ def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep
     from tcal.data.corpora import check_disjoint
+    from tcal.conversion.inits import get_init
+    from tcal.conversion.policy import parse_policy
     from tcal.train.checkpoint import partial_dir
     from tcal.train.config import changed_settings, check_train_options
-    from tcal.utils.atomic import write_json
+    from tcal.utils.atomic import check_out, write_json
     from tcal.utils.errors import TcalError
 
     check_train_options(cfg, cfg.tokens)
+    out = check_out(cfg.out, "recover", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)
     if isinstance(keep, str):
         raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
+    parse_policy(keep, num_layers=1 << 30)
+    if not str(cfg.data).strip():
+        raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
+    if any(get_init(i).calibrated for i in inits):
+        cfg.check_calib()
     check_disjoint(cfg.data, cfg.eval)
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    work = partial_dir(cfg.out)
+    work = partial_dir(out)
+    if work.exists() and not has_progress(work):  # a failed start saved nothing: nothing to resume
+        shutil.rmtree(work)
     if work.exists() and not cfg.resume:
         raise TcalError(f"{work} holds an interrupted recovery run; pass --resume to continue it, or delete it")
     if work.exists():
@@ -82,6 +92,16 @@ def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / "recover_config.json", dataclasses.asdict(cfg))
     return inits, keep, work
+
+
+def has_progress(work: Path) -> bool:
+    """Whether a recovery's partial directory holds anything to resume: a saved conversion or a run
+    with a checkpoint or a finished output."""
+    from tcal.train.checkpoint import finished_report, has_checkpoint
+
+    if any(work.glob("*.init.json")):
+        return True
+    return any(d.is_dir() and (has_checkpoint(d) or finished_report(d) is not None) for d in work.iterdir())
 
 
 def _teacher_ppl(cfg: RecoverConfig, work: Path, teacher, eval_ids) -> float:
@@ -140,6 +160,16 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
 
 def run(cfg: RecoverConfig, *, callback=None) -> dict:
     """Convert with each init, distil each the same way, tabulate tokens-to-target."""
+    inits, keep, work = _start(cfg)
+    try:
+        return _run(cfg, inits, keep, work, callback)
+    except BaseException:
+        if work.exists() and not has_progress(work):  # nothing saved that a rerun could resume
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _run(cfg: RecoverConfig, inits, keep, work: Path, callback) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for, load_token_stream
@@ -147,7 +177,6 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
     from tcal.train.trainer import distill
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
-    inits, keep, work = _start(cfg)
     device = resolve_device(cfg.device)
     t0 = time.time()
     teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
@@ -202,7 +231,7 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
 def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s) -> dict:
     from tcal.report.plots import plot_recovery
     from tcal.report.targets import table_markdown, target_table
-    from tcal.utils.atomic import publish_dir, write_json
+    from tcal.utils.atomic import publish, write_json, written_files
 
     curves = {init: reports[init]["curve"] for init in inits}
     table = target_table(curves, teacher_ppl)
@@ -225,10 +254,9 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
     write_json(work / "tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
     (work / "recover_config.json").unlink(missing_ok=True)
     (work / "teacher_ppl.json").unlink(missing_ok=True)
-    out = publish_dir(work, cfg.out)
+    out = publish(work, cfg.out)
     print(md)
-    print(f"wrote {out}: recovery.md, recovery.json, recovery.png, report.md, tcal_config.json, "
-          + ", ".join(f"{i}/" for i in inits))
+    print(f"wrote {out}: {', '.join(written_files(out))}")
     return summary
 
 

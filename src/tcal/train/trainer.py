@@ -211,7 +211,7 @@ class Trainer:
         self._t_start = time.time()
 
     def save_checkpoint(self, partial: Path) -> None:
-        with atomic_dir(partial / "checkpoint") as tmp:
+        with atomic_dir(partial / "checkpoint", replace=True) as tmp:  # model and resume state belong together
             save_model(self.student, tmp)
             (tmp / "resume").mkdir()
             torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng_state()}, tmp / "resume" / "optimizer.pt")

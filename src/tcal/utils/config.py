@@ -9,6 +9,8 @@ import argparse
 import dataclasses
 import typing
 
+from tcal.utils.errors import TcalError
+
 
 def arg(default, help: str, **extra):
     return dataclasses.field(default=default, metadata={"help": help, **extra})
@@ -64,6 +66,12 @@ class DeviceArgs:
 
 
 @dataclasses.dataclass
+class OutArgs:
+    overwrite: bool = arg(False, "replace a finished output of the same command in --out (only tcal's own files "
+                                 "are replaced; any other file there is kept)")
+
+
+@dataclasses.dataclass
 class CalibArgs:
     calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only); disjoint from --eval")
     calib_window: int = arg(256, "calibration sequence length in tokens (reference: 256)")
@@ -71,12 +79,27 @@ class CalibArgs:
                                 "the last quarter to pick its best state")
     align_steps: int = arg(300, "Phase 2 AdamW steps per layer (reference: 300)")
 
+    def check_calib(self) -> None:
+        if self.calib_window < 2:
+            raise TcalError(f"--calib-window must be at least 2 tokens, got {self.calib_window}")
+        if self.calib_windows < 2:
+            raise TcalError(f"--calib-windows must be at least 2 (Phase 2 holds out the last quarter), "
+                            f"got {self.calib_windows}")
+        if self.align_steps < 0:
+            raise TcalError(f"--align-steps must be >= 0, got {self.align_steps}")
+
 
 @dataclasses.dataclass
 class EvalArgs:
     eval: str = arg("wiki:eval", "held-out evaluation corpus (never used for calibration or training)")
     eval_window: int = arg(512, "evaluation window length in tokens")
     eval_windows: int = arg(64, "evaluation windows: the first N, non-overlapping (64 x 512 is the full protocol)")
+
+    def check_eval(self) -> None:
+        if self.eval_window < 2:
+            raise TcalError(f"--eval-window must be at least 2 tokens, got {self.eval_window}")
+        if self.eval_windows < 1:
+            raise TcalError(f"--eval-windows must be at least 1, got {self.eval_windows}")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,198 @@
+"""Bad input as a new user types it: exit 2 and one line naming the problem and the fix, the
+user's files untouched, nothing left behind that blocks the next correct run."""
+import json
+import math
+import os
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+import tcal
+from tcal.cli import main
+from tcal.utils.errors import TcalError
+
+
+def run(capsys, *argv):
+    """(exit status, the `tcal: error:` lines, all of stderr)."""
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, [line for line in err.splitlines() if line.startswith("tcal: error: ")], err
+
+
+def one_error(capsys, message, *argv):
+    code, errors, err = run(capsys, *argv)
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    return errors[0]
+
+
+def listing(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def convert_copy(ws, out, *extra):
+    return ("convert", "--teacher", ws / "teacher", "--keep", "0,2", "--init", "copy", "--eval", "none",
+            "--device", "cpu", "--out", out, *extra)
+
+
+# -- output directories: never lose a user's file -----------------------------------------------
+
+def test_convert_refuses_a_directory_holding_the_users_files(workspace, capsys):
+    out = workspace / "mine"
+    out.mkdir()
+    (out / "my_notes.txt").write_text("do not lose me")
+    one_error(capsys, "holds files tcal did not write", *convert_copy(workspace, out))
+    one_error(capsys, "holds files tcal did not write", *convert_copy(workspace, out, "--overwrite"))
+    assert listing(out) == ["my_notes.txt"] and (out / "my_notes.txt").read_text() == "do not lose me"
+    assert [p.name for p in workspace.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+
+
+def test_out_dot_works_and_overwrite_replaces_only_tcals_own_files(workspace, capsys, monkeypatch):
+    here = workspace / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, errors, err = run(capsys, *convert_copy(workspace, "."))
+    assert code == 0, err
+    assert (here / "model.safetensors").is_file() and (here / "tcal_config.json").is_file()
+    (here / "my_notes.txt").write_text("mine")  # the user adds a file to the finished output
+    one_error(capsys, "pass --overwrite", *convert_copy(workspace, "."))
+    code, _, err = run(capsys, *convert_copy(workspace, ".", "--overwrite", "--seed", "3"))
+    assert code == 0, err
+    assert (here / "my_notes.txt").read_text() == "mine"
+    assert json.loads((here / "tcal_config.json").read_text())["seed"] == 3
+    assert [p.name for p in workspace.iterdir() if p.name.startswith(".")] == []
+
+
+def test_relative_out_and_the_closing_line_lists_the_files(workspace, capsys, monkeypatch):
+    monkeypatch.chdir(workspace)
+    code = main([str(a) for a in convert_copy(workspace, "runs/../rel")])
+    out = capsys.readouterr().out
+    assert code == 0 and (workspace / "rel" / "model.safetensors").is_file()
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("wrote runs/../rel") and "model.safetensors" in last and "report.md" in last
+
+
+def test_out_under_a_file_or_a_file_itself_is_one_line(workspace, capsys):
+    (workspace / "afile").write_text("x")
+    one_error(capsys, "is a file", *convert_copy(workspace, workspace / "afile"))
+    one_error(capsys, "cannot write", *convert_copy(workspace, workspace / "afile" / "sub"))
+    one_error(capsys, "is a file", "stats", workspace / "teacher", "--out", workspace / "afile")
+    assert (workspace / "afile").read_text() == "x"
+
+
+def test_save_pretrained_into_an_unwritable_place_is_a_tcal_error(tmp_path):
+    from helpers import tiny_teacher
+
+    hybrid = tcal.convert(tiny_teacher(), keep=[0, 2], init="copy")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TcalError, match="cannot write"):
+        hybrid.save_pretrained(tmp_path / "afile" / "h")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    hybrid.save_pretrained(tmp_path / "mine")  # like transformers: into an existing folder, others kept
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept" and (tmp_path / "mine" / "config.json").is_file()
+
+
+def test_outputs_get_the_usual_file_modes(workspace, capsys):
+    old = os.umask(0o022)
+    try:
+        assert main([str(a) for a in convert_copy(workspace, workspace / "modes")]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (workspace / "modes").iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o644, modes
+    assert all(m == 0o644 for m in modes.values()), modes
+    tokens = list((workspace / "cache" / "tokens").glob("*.npy")) if (workspace / "cache" / "tokens").exists() else []
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in tokens)
+
+
+# -- leftovers that block the next run -------------------------------------------------------------
+
+def test_recover_that_fails_early_leaves_no_partial_folder(workspace, capsys):
+    out = workspace / "rec"
+    one_error(capsys, "no training data", "recover", "--teacher", workspace / "teacher", "--keep", "0,2",
+              "--out", out, "--device", "cpu")
+    one_error(capsys, "keep", "recover", "--teacher", workspace / "teacher", "--keep", "0,0.5",
+              "--data", workspace / "calib.txt", "--out", out, "--device", "cpu")
+    assert not (workspace / "rec.partial").exists() and not out.exists()
+
+
+@pytest.fixture()
+def assets(workspace):
+    from helpers import write_distill_assets
+
+    return write_distill_assets(workspace)
+
+
+def distill_args(ws, out, *extra):
+    return ("distill", ws / "hybrid", "--teacher", ws / "teacher", "--data", ws / "train.npy", "--eval",
+            ws / "eval.npy", "--eval-window", 32, "--eval-windows", 2, "--seq-len", 32, "--batch-size", 2,
+            "--tokens", 256, "--device", "cpu", "--no-progress", "--out", out, *extra)
+
+
+def test_distill_that_fails_at_step_one_leaves_nothing_and_the_rerun_works(assets, capsys):
+    out = assets / "run"
+    one_error(capsys, "not finite", *distill_args(assets, out, "--lr", "1e30"))
+    assert not (assets / "run.partial").exists() and not out.exists()
+    code, _, err = run(capsys, *distill_args(assets, out))  # no --resume needed
+    assert code == 0 and (out / "model.safetensors").is_file(), err
+
+
+def test_distill_on_a_teacher_directory_or_a_file_out(assets, capsys):
+    out = assets / "run"
+    one_error(capsys, "needs a tcal hybrid", "distill", assets / "teacher", *distill_args(assets, out)[2:])
+    assert not (assets / "run.partial").exists()
+    (assets / "taken").write_text("x")
+    one_error(capsys, "is a file", *distill_args(assets, assets / "taken"))
+    one_error(capsys, "--lr must be a finite number", *distill_args(assets, out, "--lr", "nan"))
+    assert (assets / "taken").read_text() == "x" and not (assets / "taken.partial").exists()
+
+
+# -- checks that come before the first expensive step ----------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["ablate", "--align-steps", "-1"], "--align-steps must be >= 0"),
+    (["ablate", "--calib-windows", "1"], "--calib-windows must be at least 2"),
+    (["ablate", "--inits", "copy,magic"], "unknown init 'magic'"),
+    (["ablate", "--eval-windows", "0"], "--eval-windows must be at least 1"),
+    (["convert", "--init", "magic"], "unknown init 'magic'"),
+    (["convert", "--keep", "best:3"], "unknown keep policy"),
+    (["convert", "--keep", "uniform:0"], "keep at least 1"),
+    (["pool", "--sources", ","], "--sources is empty"),
+    (["pool", "--sources", "wiki:eval"], "evaluation text"),
+    (["pool", "--max-tokens", "0"], "--max-tokens must be positive"),
+    (["distill", "--lr", "nan"], "--lr must be a finite number"),
+    (["recover", "--lr", "inf"], "--lr must be a finite number"),
+])
+def test_argument_errors_come_before_the_teacher_loads(workspace, capsys, argv, message):
+    # the teacher does not exist: an argument error must be reported first, by the flag's name
+    one_error(capsys, message, *argv, "--teacher", workspace / "no-such-teacher", "--out", workspace / "o")
+    assert not (workspace / "o").exists()
+
+
+def test_binary_data_as_a_text_corpus_is_refused(workspace, capsys):
+    (workspace / "noise.txt").write_bytes(np.random.default_rng(0).bytes(4096))
+    one_error(capsys, "is not text", "eval", workspace / "teacher", "--data", workspace / "noise.txt",
+              "--window", 16, "--windows", 1)
+    one_error(capsys, "is not text", "convert", "--teacher", workspace / "teacher", "--init", "phase2",
+              "--calib", workspace / "noise.txt", "--out", workspace / "o")
+    assert not (workspace / "o").exists()
+
+
+# -- the Python API names the argument --------------------------------------------------------------
+
+def test_python_api_errors(workspace):
+    from helpers import tiny_teacher
+
+    from tcal.taylor.phase2 import AlignConfig
+
+    teacher = tiny_teacher()
+    with pytest.raises(TcalError, match="integer layer indices"):
+        tcal.convert(teacher, keep=[0.5, 2], init="copy")
+    with pytest.raises(TcalError, match="lr_qkv"):
+        AlignConfig(lr_qkv=math.nan)
+    with pytest.raises(TcalError, match="tokenizer"):
+        tcal.perplexity(teacher, None, "some text to score here", window=4, windows=1)
+    assert tcal.perplexity(teacher, None, torch.randint(0, 97, (1, 8)), window=8, windows=1) > 0
