@@ -23,6 +23,7 @@ _LAZY = {
     "load_teacher": "tcal.data.teachers",
     "perplexity": "tcal.evaluate",
     "perplexity_report": "tcal.evaluate",
+    "niah": "tcal.evaluate.niah",
     "HybridConfig": "tcal.models.configuration_hybrid",
     "HybridForCausalLM": "tcal.models.modeling_hybrid",
 }

@@ -1,0 +1,274 @@
+"""Long-context retrieval, RULER-style, generated locally: can the model still find what is in its context?
+
+Tasks (the templates and scoring follow RULER, Hsieh et al. 2024):
+
+    single            one needle "One of the special magic numbers for KEY is: VALUE." in real text
+    single-words      the same with a word as the value
+    single-uuids      the same with a UUID as the value
+    single-noise      the same needle in RULER's repeated noise sentences instead of real text
+    multikey          one needle among three distractor needles with other keys
+    multivalue        four values for the same key; all four must be recalled
+    multiquery        four keys asked at once; all four values must be recalled
+    vt                variable tracking: a chain of five assignments; every variable of the chain
+    cwe               common-word extraction: the 10 most frequent words of a list
+
+Scoring: the fraction of the expected answers that occur (case-insensitive substring) in the
+greedy output, averaged over the samples (RULER's ``string_match_all``). Prompts are built to the
+requested number of tokens (prompt + answer prefix) by the model's own tokenizer, needles are
+spread over depths 0..1, and every random choice comes from ``seed``: the teacher and any hybrid
+of it see the very same prompts.
+"""
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from tcal.data.corpora import as_corpus
+from tcal.utils.errors import TcalError
+from tcal.utils.runtime import model_device
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+PROMPT = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
+          "I will quiz you about the {kind} afterwards.\n{context}\n"
+          "What are all the special magic {kind} for {query} mentioned in the provided text? "
+          "The special magic {kind} for {query} mentioned in the provided text are")
+NEEDLE = "One of the special magic {kind} for {key} is: {value}."
+VT_PROMPT = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+             "Question: Find all variables that are assigned the value {value} in the text above. "
+             "Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
+             "assigned the value {value}, they are:")
+CWE_PROMPT = ("Below is a numbered list of words. In these words, some appear more often than others. Memorize "
+              "the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the "
+              "above list? Answer: The top 10 words that appear most often in the list are:")
+WORDS = ("apple river candle planet garden mirror silver thunder basket lantern meadow pillow rocket saddle "
+         "tunnel violin walnut anchor blanket cactus dolphin feather glacier harbor island jigsaw kettle lemon "
+         "marble needle orchid parrot quartz ribbon spider tiger umbrella velvet window yacht zebra bridge "
+         "castle desert engine forest guitar helmet jacket kitten ladder magnet nectar oyster pepper").split()
+# what the output needs room for: tokens per answer, times the number of answers
+ANSWER_TOKENS = {"numbers": 12, "words": 8, "uuids": 40}
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # "niah" | "vt" | "cwe"
+    values: str = "numbers"  # numbers | words | uuids
+    haystack: str = "text"  # text | noise
+    keys: int = 1  # needles with distinct keys in the context
+    values_per_key: int = 1
+    queries: int = 1
+
+
+TASKS = {
+    "single": Task("niah"),
+    "single-words": Task("niah", values="words"),
+    "single-uuids": Task("niah", values="uuids"),
+    "single-noise": Task("niah", haystack="noise"),
+    "multikey": Task("niah", keys=4),
+    "multivalue": Task("niah", values_per_key=4),
+    "multiquery": Task("niah", keys=4, queries=4),
+    "vt": Task("vt", haystack="noise"),
+    "cwe": Task("cwe", haystack="noise"),  # its "haystack" is the count of rare words
+}
+
+
+@dataclass
+class Sample:
+    prompt: str
+    answers: list[str]
+    depth: float  # where the (first) needle sits, 0 = start of the context, 1 = end
+    max_new_tokens: int
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise TcalError(f"unknown retrieval task {name!r}; known tasks: {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def score(output: str, answers: Sequence[str]) -> float:
+    """RULER's string_match_all: the fraction of ``answers`` found (case-insensitive) in ``output``."""
+    if not answers:
+        raise TcalError("a sample needs at least one expected answer")
+    out = output.lower()
+    return sum(a.lower() in out for a in answers) / len(answers)
+
+
+def _value(rng: random.Random, kind: str) -> str:
+    if kind == "numbers":
+        return str(rng.randint(1_000_000, 9_999_999))
+    if kind == "words":
+        return f"{rng.choice(WORDS)}-{rng.choice(WORDS)}"
+    return str(uuid.UUID(int=rng.getrandbits(128)))
+
+
+def _key(rng: random.Random) -> str:
+    return f"{rng.choice(WORDS)}-{rng.choice(WORDS)}"
+
+
+def haystack_units(task: Task, documents: Sequence[str]) -> list[str]:
+    """The sentences (or list lines) a context is made of, in a fixed order."""
+    if task.haystack == "noise":
+        return [s.strip() + "." for s in NOISE.split(".") if s.strip()]
+    units = [s.strip() + "." for d in documents for s in d.replace("\n", " ").split(". ") if len(s.strip()) > 3]
+    if not units:
+        raise TcalError("the haystack corpus has no sentences; pass another --haystack")
+    return units
+
+
+def _fill(units: Sequence[str], n: int, offset: int) -> list[str]:
+    """``n`` haystack units from ``offset`` on, cycling (noise repeats; real text wraps around)."""
+    return [units[(offset + i) % len(units)] for i in range(n)]
+
+
+def _insert(hay: list[str], needles: list[tuple[float, str]]) -> str:
+    hay = list(hay)
+    for depth, needle in sorted(needles, reverse=True):  # from the back, so earlier positions hold
+        hay.insert(round(depth * len(hay)), needle)
+    return " ".join(hay)
+
+
+def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tuple[str, list[str], int]:
+    """(prompt, answers, answer tokens) for one sample whose haystack is ``hay``."""
+    kind = task.values
+    if task.kind == "vt":
+        value, names = str(rng.randint(10_000, 99_999)), ["".join(rng.choices(string.ascii_uppercase, k=5))
+                                                           for _ in range(5)]
+        chain = [f"VAR {names[0]} = {value}."] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+        depths = sorted(rng.random() for _ in chain)
+        depths[0] = depth
+        context = _insert(hay, list(zip(sorted(depths), chain)))
+        return VT_PROMPT.format(context=context, value=value, n=len(names)), names, 8 * len(names)
+    if task.kind == "cwe":
+        common = rng.sample(WORDS, 10)
+        rare = [w for w in WORDS if w not in common]
+        # each common word clearly more frequent than any rare one, however long the list grows
+        reps = max(3, 2 * -(-len(hay) // len(rare)) + 1)
+        items = [w for w in common for _ in range(reps)] + [rng.choice(rare) for _ in range(len(hay))]
+        rng.shuffle(items)
+        context = "\n".join(f"{i + 1}. {w}" for i, w in enumerate(items))
+        return CWE_PROMPT.format(context=context), common, 40
+    keys = [_key(rng) for _ in range(task.keys)]
+    values = {k: [_value(rng, task.values) for _ in range(task.values_per_key)] for k in keys}
+    needles, queried = [], keys[: task.queries]
+    for k in keys:
+        for v in values[k]:
+            needles.append((depth if not needles else rng.random(), NEEDLE.format(kind=kind, key=k, value=v)))
+    query = ", ".join(queried[:-1]) + (" and " if len(queried) > 1 else "") + queried[-1]
+    answers = [v for k in queried for v in values[k]]
+    prompt = PROMPT.format(kind=kind, context=_insert(hay, needles), query=query)
+    return prompt, answers, ANSWER_TOKENS[task.values] * len(answers)
+
+
+def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: int = 0,
+                 documents: Sequence[str] = ()) -> list[Sample]:
+    """``samples`` prompts of at most ``length`` tokens each (prompt + answer), needles at depths
+    spread evenly over 0..1. The haystack is sized by bisection on the tokenised prompt."""
+    task = get_task(task_name)
+    if samples < 1:
+        raise TcalError(f"samples must be at least 1, got {samples}")
+    units = haystack_units(task, documents)
+    out = []
+    for i in range(samples):
+        depth = i / (samples - 1) if samples > 1 else 0.5
+        offset = random.Random(f"{seed}:{task_name}:{length}:{i}:offset").randrange(len(units))
+
+        def build(n):
+            rng = random.Random(f"{seed}:{task_name}:{length}:{i}")  # same needles whatever the haystack size
+            return _build(task, rng, depth, _fill(units, n, offset))
+
+        def size(n):
+            prompt, _, new = build(n)
+            return len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) + new
+
+        lo, hi = 0, 1
+        while size(hi) <= length:
+            lo, hi = hi, hi * 2
+            if task.haystack != "noise" and hi > 4 * len(units) + 8:
+                raise TcalError(f"the haystack text has too few sentences ({len(units)}) for {length}-token "
+                                "prompts; use a longer --haystack corpus or shorter --lengths")
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if size(mid) <= length else (lo, mid)
+        if lo == 0 and size(0) > length:
+            raise TcalError(f"length {length} is too short for the {task_name} prompt itself; use longer --lengths")
+        prompt, answers, new = build(lo)
+        out.append(Sample(prompt, answers, depth, new))
+    return out
+
+
+@torch.no_grad()
+def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 4,
+                    progress: bool = False, desc: str = "generate") -> list[str]:
+    """Greedy continuations of ``prompts``, batched with left padding and a cache."""
+    device = model_device(model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    outs = []
+    was_training = model.training
+    model.eval()
+    try:
+        for s in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch", leave=False):
+            enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[s:s + batch_size]]
+            width = max(len(e) for e in enc)
+            ids = torch.full((len(enc), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(enc), width), dtype=torch.long)
+            for r, e in enumerate(enc):
+                ids[r, width - len(e):] = torch.tensor(e)
+                mask[r, width - len(e):] = 1
+            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                                 max_new_tokens=max_new_tokens, pad_token_id=pad)
+            outs += tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+    finally:
+        model.train(was_training)
+    return outs
+
+
+def check_lengths(model, lengths: Sequence[int]) -> list[int]:
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        raise TcalError("no context lengths given; e.g. lengths=[512, 1024]")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    too_long = [n for n in lengths if limit and n > limit]
+    if too_long:
+        raise TcalError(f"length {too_long[0]} is beyond the model's position limit {limit}; use lengths <= {limit}")
+    if any(n < 16 for n in lengths):
+        raise TcalError(f"lengths must be at least 16 tokens, got {min(lengths)}")
+    return lengths
+
+
+def niah_details(model, tokenizer, *, task: str = "single", length: int, samples: int, seed: int = 0,
+                 haystack="sotu:eval", batch_size: int = 4, progress: bool = False) -> list[dict]:
+    """Every sample of one (task, length): depth, expected answers, output, score."""
+    check_lengths(model, [length])
+    docs = as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
+    items = make_samples(task, tokenizer, length, samples, seed=seed, documents=docs)
+    outputs = generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
+                              batch_size=batch_size, progress=progress, desc=f"{task} @ {length}")
+    return [{"depth": s.depth, "answers": s.answers, "output": o, "score": score(o, s.answers)}
+            for s, o in zip(items, outputs)]
+
+
+def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int = 0, task: str = "single", *,
+         haystack="sotu:eval", batch_size: int = 4, progress: bool = False) -> dict[int, float]:
+    """Accuracy of ``task`` at each context length: ``{length: mean score over samples}``.
+
+    ``haystack``: the real text the needles hide in (default ``sotu:eval``, held-out State of the
+    Union addresses; any corpus spec). The same seed gives the same prompts for any model with the
+    same tokenizer.
+    """
+    if tokenizer is None:
+        raise TcalError("retrieval tasks read and write text: pass the model's tokenizer")
+    get_task(task)
+    if samples < 1:
+        raise TcalError(f"samples must be at least 1, got {samples}")
+    result = {}
+    for n in tqdm(check_lengths(model, lengths), desc=f"niah {task}", disable=not progress, unit="length"):
+        rows = niah_details(model, tokenizer, task=task, length=n, samples=samples, seed=seed, haystack=haystack,
+                            batch_size=batch_size)
+        result[n] = sum(r["score"] for r in rows) / len(rows)
+    return result

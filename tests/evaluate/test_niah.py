@@ -1,0 +1,130 @@
+"""RULER-style retrieval: prompts generated locally and deterministically, RULER's scoring, bad input."""
+import json
+
+import pytest
+import torch
+from helpers import tiny_teacher, word_tokenizer
+
+import tcal
+from tcal.cli import main
+from tcal.evaluate.niah import NEEDLE, TASKS, make_samples, niah, niah_details, score
+from tcal.recipes.eval import RETRIEVAL_TASKS
+from tcal.utils.errors import TcalError
+
+TEXT = ("The committee met in the spring. It discussed the harbor and the roads. Members spoke at length. "
+        "A vote was taken on the budget. The budget passed by a narrow margin. Work began in the summer. ") * 40
+
+
+@pytest.fixture()
+def tok():
+    return word_tokenizer(TEXT.replace(".", " .").split())
+
+
+def test_scoring_follows_ruler_string_match_all():
+    assert score("The numbers are: 1234567 and 7654321.", ["1234567"]) == 1.0
+    assert score("the magic number is 123456", ["1234567"]) == 0.0  # a prefix of the answer is not the answer
+    assert score("ABC-def and xyz", ["abc-DEF", "xyz", "qqq", "zzz"]) == 0.5  # case-insensitive, recall of all
+    with pytest.raises(TcalError, match="at least one"):
+        score("x", [])
+
+
+def test_the_task_table_and_the_cli_list_agree():
+    assert tuple(TASKS) == RETRIEVAL_TASKS
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_prompts_fit_the_length_hold_the_answers_and_repeat_for_a_seed(tok, task):
+    a = make_samples(task, tok, 400, 5, seed=1, documents=[TEXT])
+    b = make_samples(task, tok, 400, 5, seed=1, documents=[TEXT])
+    c = make_samples(task, tok, 400, 5, seed=2, documents=[TEXT])
+    assert [s.prompt for s in a] == [s.prompt for s in b]  # every model of this tokenizer sees the same prompts
+    assert [s.answers for s in a] != [s.answers for s in c]
+    assert [s.depth for s in a] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    for s in a:
+        n = len(tok(s.prompt, add_special_tokens=False)["input_ids"]) + s.max_new_tokens
+        assert 300 <= n <= 400, n  # filled close to the length, never past it
+        assert all(ans in s.prompt for ans in s.answers)
+
+
+def test_needle_depth_is_where_the_needle_sits(tok):
+    first, last = make_samples("single", tok, 600, 2, documents=[TEXT])
+    for s, lo, hi in ((first, 0.0, 0.15), (last, 0.85, 1.0)):
+        needle = NEEDLE.split("{")[0]
+        pos = s.prompt.index(needle) / len(s.prompt)
+        assert lo <= pos <= hi, (s.depth, pos)
+
+
+def test_multi_answer_tasks_ask_for_every_value(tok):
+    (mv,) = make_samples("multivalue", tok, 500, 1, documents=[TEXT])
+    (mq,) = make_samples("multiquery", tok, 500, 1, documents=[TEXT])
+    (mk,) = make_samples("multikey", tok, 500, 1, documents=[TEXT])
+    assert len(mv.answers) == 4 and len(mq.answers) == 4 and len(mk.answers) == 1
+    assert mk.prompt.count("One of the special magic numbers for") == 4  # three distractor needles
+
+
+def test_bad_input_is_a_tcal_error(tok):
+    model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
+    with pytest.raises(TcalError, match="known tasks: single"):
+        niah(model, tok, [128], task="needle")
+    with pytest.raises(TcalError, match="samples must be at least 1"):
+        niah(model, tok, [128], samples=0)
+    with pytest.raises(TcalError, match="position limit 512"):
+        niah(model, tok, [1024], haystack="text:" + TEXT)
+    with pytest.raises(TcalError, match="too few sentences"):
+        make_samples("single", tok, 4000, 1, documents=["One short sentence here. And another one."])
+    with pytest.raises(TcalError, match="too short"):
+        make_samples("single", tok, 20, 1, documents=[TEXT])
+    with pytest.raises(TcalError, match="tokenizer"):
+        niah(model, None, [128])
+
+
+def test_niah_runs_a_model_and_returns_accuracy_by_length(tok):
+    model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
+    res = niah(model, tok, [128, 256], samples=2, task="single-noise", batch_size=2)
+    assert list(res) == [128, 256] and all(0.0 <= v <= 1.0 for v in res.values())
+    rows = niah_details(model, tok, task="single", length=128, samples=3, haystack="text:" + TEXT)
+    assert [r["depth"] for r in rows] == [0.0, 0.5, 1.0] and all(isinstance(r["output"], str) for r in rows)
+
+
+def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+    tok = word_tokenizer(TEXT.replace(".", " .").split() + NEEDLE.split())
+    model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    (tmp_path / "hay.txt").write_text(TEXT)
+    argv = ["eval", tmp_path / "m", "--task", "single,single-noise", "--lengths", "128,256", "--samples", "2",
+            "--haystack", tmp_path / "hay.txt", "--out", tmp_path / "niah", "--device", "cpu"]
+    assert main([str(a) for a in argv]) == 0
+    out = tmp_path / "niah"
+    data = json.loads((out / "niah.json").read_text())
+    assert [(c["task"], c["length"]) for c in data["cells"]] == [("single", 128), ("single", 256),
+                                                                  ("single-noise", 128), ("single-noise", 256)]
+    assert "| single-noise |" in (out / "niah.md").read_text() and (out / "niah.png").stat().st_size > 1000
+    assert not (tmp_path / "niah.partial").exists()
+    # an interrupted run keeps its finished cells: the rerun computes only what is missing
+    partial = tmp_path / "again.partial"
+    partial.mkdir()
+    first = {k: v for k, v in data.items() if k in ("settings",)}
+    first["cells"] = {f"{c['task']}@{c['length']}": c for c in data["cells"][:3]}
+    (partial / "niah.json").write_text(json.dumps(first))
+    calls = []
+    import tcal.evaluate.niah as niah_module
+
+    real = niah_module.niah_details
+    monkeypatch.setattr(niah_module, "niah_details", lambda *a, **k: calls.append(k) or real(*a, **k))
+    argv[-3] = tmp_path / "again"
+    assert main([str(a) for a in argv]) == 0
+    assert [(k["task"], k["length"]) for k in calls] == [("single-noise", 256)]
+    capsys.readouterr()
+    assert main([str(a) for a in argv[:2]] + ["--task", "needle", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown --task 'needle'" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_teacher_finds_the_needle_and_a_copy_init_hybrid_loses_it():
+    teacher, tok = tcal.load_teacher("smollm2-135m")
+    torch.set_num_threads(2)
+    t = niah(teacher, tok, [512], samples=4, task="single")
+    h = niah(tcal.convert(teacher, keep="uniform:50%", init="copy"), tok, [512], samples=4, task="single")
+    assert t[512] >= 0.75 and h[512] <= 0.25, (t, h)
