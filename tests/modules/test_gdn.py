@@ -96,3 +96,41 @@ def test_norms():
     torch.testing.assert_close(norm(x, g), y * torch.nn.functional.silu(g))
     torch.testing.assert_close(torch.nn.functional.softplus(inverse_softplus(torch.tensor([1e-3, 0.5, 20.0]))),
                                torch.tensor([1e-3, 0.5, 20.0]), rtol=1e-5, atol=1e-7)
+
+
+def test_conv_step_continues_the_sequence_in_place():
+    from tcal.modules.conv import conv_step
+
+    torch.manual_seed(3)
+    conv = ShortConvolution(6, 4)
+    x = torch.randn(2, 9, 6)
+    with torch.no_grad():
+        full, _ = conv(x)
+        _, state = conv(x[:, :8])
+        buf = state.clone()
+        y = conv_step(x[:, 8], buf, conv.weight[:, 0, :])
+    assert_close(y, full[:, 8], 1e-6, "conv step")
+    assert_close(buf, x[:, 6:9].transpose(1, 2), 0, "window after the step")
+
+
+@pytest.mark.parametrize("conv,qk_norm,gate", [(False, False, True), (True, True, False), (True, False, True)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_decode_step_equals_forward_on_one_token(conv, qk_norm, gate, packed):
+    gdn = layer(use_short_conv=conv, qk_norm=qk_norm, output_gate=gate, qkv_bias=True)
+    with torch.no_grad():
+        for p in (gdn.a_proj.weight, gdn.b_proj.weight, gdn.b_proj.bias, gdn.q_proj.bias):
+            p.normal_(0, 0.5)
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        o_pre, state, conv_state = gdn.recurrent(x[:, :6], output_final_state=True)
+        full = gdn(x)[0][:, 6:]
+        state_buf = state.clone()
+        conv_buf = conv_state.clone() if conv else None
+        ptr = state_buf.data_ptr()
+        got = gdn.decode_step(x[:, 6:], conv_buf, state_buf, gdn.packed_weights() if packed else None)
+        _, want_state, want_conv = gdn.recurrent(x, output_final_state=True)
+    assert_close(got, full, 1e-5, "decode step vs forward")
+    assert state_buf.data_ptr() == ptr
+    assert_close(state_buf, want_state, 1e-5, "state written in place")
+    if conv:
+        assert_close(conv_buf, want_conv, 1e-6, "conv window written in place")

@@ -22,3 +22,14 @@ class ShortConvolution(nn.Conv1d):
         return y.transpose(1, 2), full[..., -(W - 1) :]
 
 
+def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """One decode token through a causal depthwise conv, its window ``state`` (B, C, W - 1) updated in place
+    (so a captured CUDA graph keeps reading the same buffer). x (B, C), weight (C, W); returns (B, C).
+
+    Same result as ``ShortConvolution.forward`` on one token with ``state`` as the prefix: the window is
+    the last W - 1 inputs then x, summed against the taps in fp32 and rounded once to x's dtype.
+    """
+    window = torch.cat([state, x.unsqueeze(-1).to(state.dtype)], dim=-1)  # (B, C, W)
+    y = (window.float() * weight.float()).sum(-1).to(x.dtype)
+    state.copy_(window[..., 1:])
+    return y

@@ -16,9 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tcal.modules.config import GDNShape
-from tcal.modules.conv import ShortConvolution
+from tcal.modules.conv import ShortConvolution, conv_step
 from tcal.modules.norms import HeadRMSNorm, l2norm
-from tcal.ops import gated_delta_rule
+from tcal.ops import fused_gdn_step, fused_gdn_step_available, gated_delta_rule, norm_gated_available, rms_norm_gated
 from tcal.utils import compat
 
 
@@ -139,6 +139,8 @@ class GatedDeltaNet(nn.Module):
     ) -> tuple[torch.Tensor, None]:
         cache = compat.cache_from_kwargs(kwargs)
         keep = kwargs.get("tcal_keep")  # (B, T) fp32, 0 at padded positions; set by HybridForCausalLM
+        if getattr(cache, "is_tcal_static", False):
+            return self.forward_static(hidden_states, cache, keep), None
         conv_state, state = compat.get_gdn_state(cache, self.layer_idx) if cache is not None else (None, None)
         o, state, conv_state = self.recurrent(
             hidden_states, keep, state, conv_state, output_final_state=cache is not None
@@ -146,3 +148,88 @@ class GatedDeltaNet(nn.Module):
         if cache is not None:
             compat.set_gdn_state(cache, self.layer_idx, conv_state, state)
         return self.mix(hidden_states, o), None
+
+    # -- inference on a static cache (tcal.models.fast) ---------------------------------------------
+
+    def forward_static(self, x: torch.Tensor, cache, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """``forward`` on a cache whose conv window and recurrent state live at fixed addresses: they are
+        read as this call's initial state (zeros on a fresh cache, the same as no state) and overwritten
+        in place, so the call can be captured in a CUDA graph and replayed."""
+        conv_state, state = cache.gdn_state(self.layer_idx)
+        if x.shape[1] == 1 and keep is None:
+            return self.decode_step(x, conv_state, state, cache.packed.get(self.layer_idx), cache.fused)
+        o, new_state, new_conv = self.recurrent(x, keep, state, conv_state, output_final_state=True)
+        state.copy_(new_state)
+        if new_conv is not None:
+            conv_state.copy_(new_conv)
+        return self.mix(x, o)
+
+    def _projections(self) -> list[nn.Linear]:
+        lins = [self.q_proj, self.k_proj, self.v_proj]
+        if self.shape.output_gate:
+            lins.append(self.g_proj)
+        return lins + [self.a_proj, self.b_proj]
+
+    @torch.no_grad()
+    def packed_weights(self) -> dict[str, torch.Tensor | None]:
+        """One (out, hidden) matrix for q, k, v, (g,) a, b (a decode token then takes one GEMM instead of
+        five or six), its bias, and the three conv filters as one (3 H d, W) tap matrix. Copies: the
+        module's own parameters, and so its checkpoint names, are untouched."""
+        lins = self._projections()
+        weight = torch.cat([lin.weight for lin in lins], 0)
+        bias = None
+        if any(lin.bias is not None for lin in lins):
+            bias = torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                              for lin in lins])
+        conv = None
+        if self.shape.use_short_conv:
+            conv = torch.cat([c.weight[:, 0, :] for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d)], 0)
+        return {"weight": weight, "bias": bias, "conv": conv}
+
+    def decode_step(self, x: torch.Tensor, conv_state: torch.Tensor | None, state: torch.Tensor,
+                    packed: dict | None = None, fused: bool = False) -> torch.Tensor:
+        """One token (B, 1, hidden) -> (B, 1, hidden), conv_state and state updated in place.
+
+        ``packed`` (from ``packed_weights``) replaces the separate projections by one GEMM; ``fused`` takes
+        fla's one-kernel step (l2 norm, gates and recurrence) and its gated RMSNorm where they exist.
+        Without either it computes exactly what ``forward`` computes for one token.
+        """
+        B = x.shape[0]
+        H, d = self.num_heads, self.head_dim
+        n = H * d
+        x2 = x.reshape(B, -1)
+        if packed is not None:
+            y = F.linear(x2, packed["weight"], packed["bias"])
+            sizes = [lin.out_features for lin in self._projections()]
+            parts = list(y.split(sizes, dim=-1))
+        else:
+            parts = [lin(x2) for lin in self._projections()]
+        gate = parts[3] if self.shape.output_gate else None
+        a, b = parts[-2:]
+        qkv = y[:, : 3 * n] if packed is not None else torch.cat(parts[:3], -1)
+        if self.shape.use_short_conv:
+            taps = packed["conv"] if packed is not None else torch.cat(
+                [c.weight[:, 0, :] for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d)], 0)
+            qkv = conv_step(qkv, conv_state, taps)
+        qkv = F.silu(qkv).view(B, 1, 3 * H, d)
+        q, k, v = qkv[:, :, :H], qkv[:, :, H : 2 * H], qkv[:, :, 2 * H :]
+        if self.shape.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        a, b = a.view(B, 1, H), b.view(B, 1, H)
+        scale = d**-0.5
+        if fused and fused_gdn_step_available(x.device):
+            o, new_state = fused_gdn_step(q, k, v, a, b, self.A_log, self.dt_bias, scale, state)
+        else:
+            beta = torch.sigmoid(b.float())
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            o, new_state = gated_delta_rule(
+                l2norm(q), l2norm(k), v, g, beta, scale=scale, initial_state=state, output_final_state=True,
+                backend=self.shape.backend, chunk_size=self.shape.chunk_size,
+            )
+        state.copy_(new_state)
+        gate = gate.view(B, 1, H, d) if gate is not None else None
+        if fused and gate is not None and norm_gated_available(x.device):
+            normed = rms_norm_gated(o, gate, self.o_norm.weight, self.o_norm.eps)
+        else:
+            normed = self.o_norm(o, gate)
+        return self.o_proj(normed.reshape(B, 1, -1))

@@ -9,6 +9,7 @@ Known moves inside 5.x that this file absorbs:
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -59,3 +60,37 @@ def set_gdn_state(cache, layer_idx: int, conv_state: torch.Tensor | None, state:
         slot.conv_states[0] = conv_state
         slot.is_conv_states_initialized[0] = True
     slot.has_previous_state[0] = True
+
+
+# -- attention kernels for tcal's static cache (tcal.models.fast) -------------------------------------
+# The teacher's attention modules look their kernel up by name in transformers' AttentionInterface
+# (``config._attn_implementation``) on every call. tcal registers one more name and switches the
+# modules' config to it only while it runs (or captures) a forward on its own cache, so the teacher's
+# attention code runs unmodified and every other call keeps the model's own kernel.
+
+
+def register_attention(name: str, fn) -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(name, fn)
+
+
+def sdpa_attention():
+    """transformers' own SDPA attention function (what an ``attn_implementation="sdpa"`` model calls)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+@contextlib.contextmanager
+def attention_implementation(configs, name: str):
+    """Within the block, every config in ``configs`` names attention kernel ``name``."""
+    configs = list({id(c): c for c in configs}.values())
+    previous = [c._attn_implementation for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation = name
+        yield
+    finally:
+        for c, p in zip(configs, previous):
+            c._attn_implementation = p

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 14 on the GPU machine: FastDecoder tests (CPU + CUDA), fast == eager at the Qwen2.5-1.5B shape, and
+# the speed table. One call: carry [".whl"], command: bash scripts/device_fast.sh STEP...
+#   tests    pytest tests/models/test_fast.py tests/modules/test_gdn.py (CPU and CUDA cases)
+#   cudatests  only the CUDA cases of tests/models/test_fast.py
+#   check    bench/hybrid_speed.py --check at 2K (prefill + 64 teacher-forced decode steps)
+#   quick    the four non-compiled rows at 2K only
+#   speed    all non-compiled rows at 2K/8K/32K + batched decode at 32K (B = 1, 8, 32)
+#   final    speed at 2K-64K + batched B up to 128, then teacher-compiled at 2K with a 2K-sized cache
+#   compiled the teacher's HF StaticCache + torch.compile row at 2K/8K/32K
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests:$PWD/bench PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -c "import torch, transformers, triton, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())"
+B="python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25%"
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    tests)
+      python3 -m pytest -q -p no:cacheprovider -rs tests/models/test_fast.py tests/modules/test_gdn.py 2>&1 \
+        | tee "$OUT/tests.log" | grep -vE "^\s*$" | tail -40 ;;
+    cudatests)
+      python3 -m pytest -q -p no:cacheprovider -rs -k cuda tests/models/test_fast.py 2>&1 \
+        | tee "$OUT/cuda_tests.log" | grep -vE "^\s*$" | tail -20 ;;
+    check)
+      $B --contexts 2048 --rows "" --check --json "$OUT/check.json" 2>&1 | tail -8 ;;
+    quick)
+      $B --contexts 2048 --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast --json "$OUT/quick.json" 2>&1 | tail -12 ;;
+    speed)
+      $B --contexts 2048,8192,32768 --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast \
+        --batch-sizes 1,8,32 --json "$OUT/hybrid_speed_fast.json" 2>&1 | tail -30 ;;
+    final)
+      $B --contexts 2048,8192,32768,65536 --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast \
+        --batch-sizes 1,8,32,64,128 --json "$OUT/hybrid_speed_final.json" 2>&1 | tail -34
+      $B --contexts 2048 --rows teacher-compiled --compiled-cache context --json "$OUT/teacher_compiled_2k.json" 2>&1 | tail -3 ;;
+    compiled)
+      $B --contexts 2048,8192,32768 --rows teacher-compiled --json "$OUT/teacher_compiled.json" 2>&1 | tail -12 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
