@@ -17,3 +17,10 @@ def _one_thread():
 @pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param
+
+
+@pytest.fixture()
+def tmp_cache(tmp_path, monkeypatch):
+    """A tcal cache of the test's own, so that no test reads or fills the user's cache."""
+    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+# 17 words, one token each under word_tokenizer: the data tests count tokens with them
+DATA_WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512)

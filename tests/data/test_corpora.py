@@ -3,23 +3,14 @@
 import json
 
 import pytest
+from helpers import DATA_WORDS as WORDS, word_tokenizer
 
 from tcal.data.corpora import BUILTIN_CORPORA, Corpus, as_corpus, check_disjoint, load_corpus, split_of
 from tcal.data.tokens import token_windows
 from tcal.utils.errors import TcalError
-from helpers import word_tokenizer
-
-WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def tok():
-    return word_tokenizer(WORDS)
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 # ---------------------------------------------------------------- corpora from files

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import word_tokenizer
+from helpers import DATA_WORDS as WORDS
 
 from tcal.data.corpora import Corpus
 from tcal.data.pool import build_pool, load_pool, read_manifest, sample_windows
@@ -10,17 +10,8 @@ from tcal.data.pool_sources import POOL_SOURCES, SourceUnavailable, detag_brown,
 from tcal.data.tokens import corpus_tokens, tokenizer_id
 from tcal.utils.errors import TcalError
 
-WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def tok():
-    return word_tokenizer(WORDS)
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_html_to_text_drops_navigation():

@@ -14,9 +14,7 @@ from tcal.data.teachers import BUILTIN_TEACHERS, DEFAULT_TEACHER, check_gguf_sha
 from tcal.utils.errors import TcalError
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_builtins_listed():

@@ -1,24 +1,15 @@
 """Token streams and windows of corpora, and the token cache keyed by tokenizer."""
 import numpy as np
 import pytest
+from helpers import DATA_WORDS as WORDS, word_tokenizer
 import torch
-from helpers import word_tokenizer
 
 from tcal.data.corpora import Corpus
 from tcal.data.tokens import corpus_tokens, encode_documents, separator_id, token_windows, tokenizer_id, window_starts
 from tcal.utils.errors import TcalError
 
-WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def tok():
-    return word_tokenizer(WORDS)
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_stream_has_eos_between_documents(tok):

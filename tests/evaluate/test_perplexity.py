@@ -41,9 +41,7 @@ class Uniform(torch.nn.Module):
         return SimpleNamespace(logits=torch.zeros(b, t, self.vocab) + 0 * self.dummy)
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_uniform_model_ppl_is_vocab_size():

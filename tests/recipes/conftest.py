@@ -10,8 +10,8 @@ WORDS = ("the cat sat on a mat dog ran far away and then came back home to old r
 
 
 @pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+def _cache(tmp_cache):
+    pass
 
 
 @pytest.fixture()

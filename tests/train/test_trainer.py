@@ -19,9 +19,7 @@ SEQ, BATCH = 16, 4
 TPS = SEQ * BATCH
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 @pytest.fixture(scope="module")

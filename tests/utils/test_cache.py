@@ -6,9 +6,7 @@ import pytest
 from tcal.utils.cache import cache_root, fetch_npm, fetch_pypi, sha256_file
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_cache_dir_env(tmp_path, monkeypatch):
