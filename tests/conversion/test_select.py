@@ -22,7 +22,8 @@ def test_parse_policy_forms():
     assert parse_policy("ga:50%", 30).k == 15
     assert parse_policy([np.int64(2), np.int64(0)], 30).layers == [2, 0]  # numpy / torch integers are integers
     assert parse_policy([torch.tensor(1)], 30).layers == [1]
-    assert POLICIES == ("uniform", "ar", "ga")
+    assert POLICIES == ("uniform", "ar", "ga", "niah")
+    assert parse_policy("niah:4", 30).kind == "niah"
 
 
 def test_parse_keep_and_integer_layer_indices():
@@ -144,3 +145,28 @@ def test_ar_selection_scores_once_then_reads_the_cache(tmp_path):
     assert first.layers == top_k(first.scores, 2, largest=True) and first.policy == "ar:2"
     again = select_layers(teacher, "ar:2", tokenizer=tok, cfg=cfg, progress=False)
     assert again.cached and again.scores == first.scores and again.layers == first.layers
+
+
+def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
+    from helpers import word_tokenizer
+
+    from tcal.conversion.select import answer_prompts, niah_scores
+    from tcal.evaluate.niah import NEEDLE, make_samples
+
+    text = "The committee met in the spring. It discussed the harbor and the roads. Work began in summer. " * 30
+    tok = word_tokenizer(text.replace(".", " .").split() + NEEDLE.split())
+    teacher = tiny_teacher("llama", vocab_size=len(tok), max_position_embeddings=512)
+    (tmp_path / "hay.txt").write_text(text)
+    cfg = SelectionConfig(niah_length=96, niah_samples=2, niah_haystack=str(tmp_path / "hay.txt"),
+                          cache_dir=str(tmp_path / "cache"))
+    sel = select_layers(teacher, "niah:2", tokenizer=tok, cfg=cfg, progress=False)
+    assert sel.policy == "niah:2" and sel.score_name == "answer_nll_with_layer_attention_removed"
+    assert len(sel.scores) == 4 and all(math.isfinite(s) for s in sel.scores)
+    assert sel.layers == top_k(sel.scores, 2, largest=True)  # the layers whose removal costs most stay
+    assert sel.scores == niah_scores(teacher, tok, cfg, progress=False)
+    assert select_layers(teacher, "niah:2", tokenizer=tok, cfg=cfg, progress=False).cached
+    # the scored prompts are the selection's own (seed 1), not the evaluation's (seed 0), and end in the answer
+    ((ids, n), _) = answer_prompts(tok, cfg)
+    evaluation = make_samples("single", tok, 96, 2, seed=0, documents=[text])
+    assert tok.decode(ids[0, :-n]) != tok.decode(tok(evaluation[0].prompt)["input_ids"])
+    assert n >= 2 and ids.shape[1] <= 96 + n

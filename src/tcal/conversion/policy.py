@@ -4,6 +4,7 @@
     uniform:K     K layers evenly spaced, layer 0 always kept
     ar:K          attention removal (scored by tcal.conversion.select)
     ga:K          one-attention students (scored by tcal.conversion.select)
+    niah:K        attention removal scored by retrieval (scored by tcal.conversion.select)
 K may be a fraction of the layers: uniform:25%.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from tcal.utils.errors import TcalError
 
-POLICIES = ("uniform", "ar", "ga")
+POLICIES = ("uniform", "ar", "ga", "niah")
 
 
 @dataclass

@@ -4,6 +4,10 @@
                   removal raises held-out PPL most
     ga:K          greedy addition: for each layer i, a student keeping only i as attention (the rest
                   converted with the chosen init); keep the K whose students score best
+    niah:K        retrieval removal: zero each layer's attention output in turn and measure the
+                  teacher's loss on the answers of needle-in-a-haystack prompts; keep the K layers
+                  whose removal costs retrieval most. The prompts use a calibration-side haystack
+                  and their own seed, never the evaluation prompts of tcal.evaluate.niah.
 
 Scores are measured on a validation slice of the *calibration* split (never on the evaluation
 corpus) and cached by (teacher, data, protocol, init).
@@ -23,8 +27,10 @@ from tqdm import tqdm
 from tcal.conversion.initialise import initialise
 from tcal.conversion.policy import parse_policy, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
+from tcal.data.corpora import as_corpus
 from tcal.data.tokens import token_windows
 from tcal.evaluate import window_ppl
+from tcal.evaluate.niah import make_samples
 from tcal.utils.atomic import write_json
 from tcal.utils.cache import cache_root
 from tcal.utils.errors import TcalError
@@ -43,6 +49,51 @@ def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: 
             scores.append(window_ppl(teacher, windows, batch_size=batch_size, progress=False))
         finally:
             hook.remove()
+    return scores
+
+
+def answer_prompts(tokenizer, cfg: SelectionConfig) -> list[tuple[torch.Tensor, int]]:
+    """Single-needle prompts with their answer appended: (token ids (1, T), answer tokens at the end)."""
+    docs = as_corpus(cfg.niah_haystack).documents
+    prompts = []
+    for s in make_samples("single", tokenizer, cfg.niah_length, cfg.niah_samples, seed=cfg.niah_seed, documents=docs):
+        prompt = tokenizer(s.prompt, add_special_tokens=False)["input_ids"]
+        answer = tokenizer(": " + s.answers[0] + ".", add_special_tokens=False)["input_ids"]
+        prompts.append((torch.tensor([prompt + answer]), len(answer)))
+    return prompts
+
+
+@torch.no_grad()
+def niah_scores(teacher, tokenizer, cfg: SelectionConfig, *, progress: bool = True) -> list[float]:
+    """Mean NLL of the needle's answer tokens with layer i's attention output zeroed, for every i.
+
+    A continuous score where greedy accuracy would tie: most layers can go without retrieval
+    failing outright, but they still move the answer's likelihood by different amounts."""
+    prompts = answer_prompts(tokenizer, cfg)
+    device = next(teacher.parameters()).device
+    was_training = teacher.training
+    teacher.eval()
+
+    def answer_nll() -> float:
+        total = 0.0
+        for ids, n in prompts:
+            logits = teacher(input_ids=ids.to(device), use_cache=False).logits[0, -n - 1:-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, -n:].to(device)))
+        return total / len(prompts)
+
+    scores = []
+    layers = teacher.model.layers
+    try:
+        for i in tqdm(range(len(layers)), desc="niah: remove each attention layer", disable=not progress):
+            hook = layers[i].self_attn.register_forward_hook(
+                lambda mod, args, out: (torch.zeros_like(out[0]), *out[1:])
+            )
+            try:
+                scores.append(answer_nll())
+            finally:
+                hook.remove()
+    finally:
+        teacher.train(was_training)
     return scores
 
 
@@ -99,6 +150,11 @@ class SelectionConfig:
     batch_size: int = 4
     init: str = "copy"  # for ga
     cache_dir: str | None = None
+    # niah: prompts of this many tokens on this haystack, this many of them, this seed
+    niah_length: int = 512
+    niah_samples: int = 8
+    niah_haystack: str = "sotu:calib"
+    niah_seed: int = 1
 
 
 @dataclass
@@ -154,6 +210,8 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         extra = {"init": cfg.init, **{k: str(v) for k, v in init_options.items()}}
         if calib_ids is not None:
             extra["calib_ids"] = hashlib.sha256(torch.as_tensor(calib_ids).cpu().numpy().tobytes()).hexdigest()[:16]
+    if pol.kind == "niah":
+        extra = {"niah": [cfg.niah_length, cfg.niah_samples, cfg.niah_haystack, cfg.niah_seed]}
     path = _cache_file(cfg, pol.kind, teacher, extra)
     protocol = {"data": cfg.data, "window": cfg.window, "val_windows": cfg.val_windows,
                 "skip_windows": cfg.skip_windows, **extra}
@@ -161,20 +219,24 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         rec = json.loads(path.read_text())
         scores, seconds, cached = rec["scores"], rec["seconds"], True
     else:
-        windows = validation_windows(tokenizer, cfg)
         t0 = time.perf_counter()
-        if pol.kind == "ar":
-            scores = ar_scores(teacher, windows, batch_size=cfg.batch_size, progress=progress)
+        if pol.kind == "niah":
+            scores = niah_scores(teacher, tokenizer, cfg, progress=progress)
+        elif pol.kind == "ar":
+            scores = ar_scores(teacher, validation_windows(tokenizer, cfg), batch_size=cfg.batch_size,
+                               progress=progress)
         else:
             modules = gdn_for_every_layer(teacher, cfg.init, calib_ids, progress=progress, **init_options)
-            scores = ga_scores(teacher, windows, modules, batch_size=cfg.batch_size, progress=progress)
+            scores = ga_scores(teacher, validation_windows(tokenizer, cfg), modules, batch_size=cfg.batch_size,
+                               progress=progress)
         seconds, cached = time.perf_counter() - t0, False
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"scores": scores, "seconds": seconds, "protocol": protocol})
-    # ar: the layers whose removal hurts most stay; ga: the best one-attention students win.
-    layers = top_k(scores, pol.k, largest=(pol.kind == "ar"))
-    name = "ppl_with_layer_attention_removed" if pol.kind == "ar" else "ppl_keeping_only_this_layer"
+    # ar / niah: the layers whose removal hurts most stay; ga: the best one-attention students win.
+    layers = top_k(scores, pol.k, largest=(pol.kind != "ga"))
+    name = {"ar": "ppl_with_layer_attention_removed", "ga": "ppl_keeping_only_this_layer",
+            "niah": "answer_nll_with_layer_attention_removed"}[pol.kind]
     return Selection(f"{pol.kind}:{pol.k}", layers, scores, name, seconds, protocol, cached)
 
 

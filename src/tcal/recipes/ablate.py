@@ -22,7 +22,7 @@ OURS = "taylor-exact-silent"
 
 @dataclass
 class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
-    keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, K%)")
+    keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, niah:K; K a count or K%)")
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int = arg(150, "Phase 2 AdamW steps per layer (reference: 300; 150 keeps the default run "
                                 "within 15 minutes on 2 CPU cores)")
