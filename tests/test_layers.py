@@ -159,6 +159,9 @@ def test_auto_classes_find_tcal_hybrids_after_import_tcal_in_any_order():
             "print(type(m).__name__)\n")
     for before in ("import tcal\n",  # tcal first: registered when transformers' Auto modules load
                    "import tcal\nimport tcal.modules.gdn\n",  # transformers loaded inside a tcal import
-                   "import transformers.models.auto.modeling_auto\nimport tcal\n"):  # transformers first
+                   "import transformers.models.auto.modeling_auto\nimport tcal\n",  # transformers first
+                   # transformers loads its Auto modules from inside a half-imported model config
+                   "import tcal\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"):
         out = subprocess.run([sys.executable, "-c", before + load], capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.strip().endswith("HybridForCausalLM"), (before, out.stderr[-2000:])
+        assert "after import failed" not in out.stderr, (before, out.stderr[-2000:])

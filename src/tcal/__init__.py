@@ -54,5 +54,5 @@ def _register_model() -> None:
 # configuration_auto is complete before anything can read a checkpoint's config; modeling_auto
 # before AutoModelForCausalLM can build one. Registering the model class only then keeps
 # transformers' own, half-imported modules out of the way.
-after_import("transformers.models.auto.configuration_auto", _register_config, wait_for="tcal")
-after_import("transformers.models.auto.modeling_auto", _register_model, wait_for="tcal")
+after_import("transformers.models.auto.configuration_auto", _register_config, wait_for=("tcal", "transformers"))
+after_import("transformers.models.auto.modeling_auto", _register_model, wait_for=("tcal", "transformers"))

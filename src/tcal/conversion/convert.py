@@ -14,7 +14,7 @@ from tcal.conversion.surgery import build_hybrid
 from tcal.data.tokens import token_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
-from tcal.taylor.pipeline import Calibration
+from tcal.taylor.pipeline import Calibration, as_calibration_ids
 from tcal.utils.errors import TcalError
 
 # The reference's calibration budget: 4 sequences of 256 tokens.
@@ -82,7 +82,7 @@ def convert_with_record(
     hybrid = build_hybrid(teacher, keep, seed=seed, **gdn_options)
     record["timings"]["build_s"] = time.perf_counter() - t0
     if spec.calibrated:
-        n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else torch.as_tensor(calib_ids)).shape[-2:]
+        n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else as_calibration_ids(calib_ids)).shape
         record["calibration"] = {"data": data_name,
                                  "sequences": int(n), "tokens_per_sequence": int(t)}
     t0 = time.perf_counter()

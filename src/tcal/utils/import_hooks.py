@@ -5,9 +5,10 @@
 therefore waits until transformers' Auto modules are imported, which any code that could load a
 tcal checkpoint must do first.
 
-tcal's own modules import transformers too, so such a callback can come due while a tcal module
-is half-imported (and the callback would import it again). Callbacks are therefore held back
-until no module of the package named by ``wait_for`` is being imported.
+tcal's own modules import transformers too, and transformers imports its Auto modules from inside
+its own half-imported modules, so such a callback can come due while a module it needs is
+half-imported. Callbacks are therefore held back until no module of the packages named by
+``wait_for`` is being imported.
 """
 from __future__ import annotations
 
@@ -91,12 +92,11 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
 _FINDER = _AfterImportFinder()
 
 
-def after_import(module: str, fn: Callable[[], None], *, wait_for: str | None = None) -> None:
+def after_import(module: str, fn: Callable[[], None], *, wait_for: tuple[str, ...] = ()) -> None:
     """Call ``fn()`` once ``module`` is imported: at once if it already is, else right after its
-    body runs. With ``wait_for`` (a package name), not while a module of that package is being
+    body runs. With ``wait_for`` (package names), not while a module of those packages is being
     imported: then as soon as the last such import finishes."""
-    if wait_for:
-        _FINDER.watched.add(wait_for)
+    _FINDER.watched.update(wait_for)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
     if module in sys.modules:
