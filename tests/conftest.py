@@ -24,3 +24,11 @@ def tmp_cache(tmp_path, monkeypatch):
     """A tcal cache of the test's own, so that no test reads or fills the user's cache."""
     monkeypatch.setenv("TCAL_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """The distillation tests' tiny teacher, its copy-init hybrid and token files, once per module."""
+    from helpers import write_distill_assets
+
+    return write_distill_assets(tmp_path_factory.mktemp("distill"))

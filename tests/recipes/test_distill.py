@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from helpers import write_distill_assets
 from safetensors.torch import load_file
 
 from tcal.recipes.distill import DistillConfig, run, start_partial
@@ -20,11 +19,6 @@ TPS = SEQ * BATCH
 
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    return write_distill_assets(tmp_path_factory.mktemp("distill"))
 
 
 def make_cfg(assets, out, **over):

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from helpers import write_distill_assets
 
 from tcal.recipes.recover import RecoverConfig, jsonable, replot, run
 from tcal.train.checkpoint import partial_dir
@@ -17,11 +16,6 @@ TPS = SEQ * BATCH
 
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    return write_distill_assets(tmp_path_factory.mktemp("recover"))
 
 
 def test_recover_end_to_end(assets, tmp_path):

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import write_distill_assets
 
 from tcal.train.checkpoint import checkpoint_dir, has_checkpoint, load_model, partial_dir
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
@@ -20,11 +19,6 @@ TPS = SEQ * BATCH
 
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    return write_distill_assets(tmp_path_factory.mktemp("distill"))
 
 
 def options(**over):
