@@ -155,14 +155,7 @@ def measure_fast(model, ctx, decode_tokens, reps, device, vocab, **fast_kw):
             times.append(time.perf_counter() - t0)
     prefill_mem = peak_gb(device)
     fast.cache.tok.copy_(logits.argmax(-1, keepdim=True))
-    for _ in range(8):
-        fast._step()
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(decode_tokens):
-        fast._step()
-    sync(device)
-    decode_s = time.perf_counter() - t0
+    decode_s = timed_steps(fast, decode_tokens, warmup=8, device=device)
     p = statistics.median(times)
     row = {"prefill_s": p, "prefill_tok_s": ctx / p, "prefill_peak_gb": prefill_mem,
            "cache_mb": fast.cache.nbytes() / 2**20, "decode_ms": 1e3 * decode_s / decode_tokens,
@@ -171,6 +164,18 @@ def measure_fast(model, ctx, decode_tokens, reps, device, vocab, **fast_kw):
     del fast
     free(device)
     return row
+
+
+def timed_steps(fast, n: int, *, warmup: int, device) -> float:
+    """Seconds for ``n`` FastDecoder decode steps after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fast._step()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fast._step()
+    sync(device)
+    return time.perf_counter() - t0
 
 
 @torch.no_grad()
@@ -187,14 +192,7 @@ def measure_batched(model, ctx, batch, decode_tokens, device, **fast_kw):
     c.pos.fill_(ctx)
     c.length = ctx
     c.tok.random_(0, 1000)
-    for _ in range(4):
-        fast._step()
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(decode_tokens):
-        fast._step()
-    sync(device)
-    dt = (time.perf_counter() - t0) / decode_tokens
+    dt = timed_steps(fast, decode_tokens, warmup=4, device=device) / decode_tokens
     row = {"batch": batch, "context": ctx, "step_ms": dt * 1e3, "decode_tok_s": batch / dt,
            "cache_gb": c.nbytes() / 2**30, "peak_gb": peak_gb(device)}
     del fast, c

@@ -37,19 +37,25 @@ from tcal.utils.errors import TcalError
 
 
 @torch.no_grad()
-def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: bool = True) -> list[float]:
-    """Held-out PPL of the teacher with layer i's attention output zeroed, for every i."""
+def removal_scores(teacher, score, *, desc: str, progress: bool = True) -> list[float]:
+    """``score()`` of the teacher with layer i's attention output zeroed, for every layer i."""
     scores = []
     layers = teacher.model.layers
-    for i in tqdm(range(len(layers)), desc="ar: remove each attention layer", disable=not progress):
+    for i in tqdm(range(len(layers)), desc=desc, disable=not progress):
         hook = layers[i].self_attn.register_forward_hook(
             lambda mod, args, out: (torch.zeros_like(out[0]), *out[1:])
         )
         try:
-            scores.append(window_ppl(teacher, windows, batch_size=batch_size, progress=False))
+            scores.append(score())
         finally:
             hook.remove()
     return scores
+
+
+def ar_scores(teacher, windows: torch.Tensor, *, batch_size: int = 4, progress: bool = True) -> list[float]:
+    """Held-out PPL of the teacher with layer i's attention output zeroed, for every i."""
+    return removal_scores(teacher, lambda: window_ppl(teacher, windows, batch_size=batch_size, progress=False),
+                          desc="ar: remove each attention layer", progress=progress)
 
 
 def answer_prompts(tokenizer, cfg: SelectionConfig) -> list[tuple[torch.Tensor, int]]:
@@ -81,20 +87,10 @@ def niah_scores(teacher, tokenizer, cfg: SelectionConfig, *, progress: bool = Tr
             total += float(torch.nn.functional.cross_entropy(logits, ids[0, -n:].to(device)))
         return total / len(prompts)
 
-    scores = []
-    layers = teacher.model.layers
     try:
-        for i in tqdm(range(len(layers)), desc="niah: remove each attention layer", disable=not progress):
-            hook = layers[i].self_attn.register_forward_hook(
-                lambda mod, args, out: (torch.zeros_like(out[0]), *out[1:])
-            )
-            try:
-                scores.append(answer_nll())
-            finally:
-                hook.remove()
+        return removal_scores(teacher, answer_nll, desc="niah: remove each attention layer", progress=progress)
     finally:
         teacher.train(was_training)
-    return scores
 
 
 def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, progress: bool = False,

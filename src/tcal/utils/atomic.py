@@ -97,8 +97,12 @@ def publish(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool = F
     if out.exists():
         return merge_into(tmp, out)
     publish_dir(tmp, out)
-    (out / MANIFEST).write_text("".join(f"{p.name}\n" for p in sorted(out.iterdir()) if p.name != MANIFEST))
+    _write_manifest(out, [p.name for p in sorted(out.iterdir()) if p.name != MANIFEST])
     return out
+
+
+def _write_manifest(out: Path, names) -> None:
+    (out / MANIFEST).write_text("".join(f"{n}\n" for n in names))
 
 
 def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
@@ -176,7 +180,7 @@ def merge_into(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
         elif stale.exists() or stale.is_symlink():
             stale.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
-    (out / MANIFEST).write_text("".join(f"{n}\n" for n in new))
+    _write_manifest(out, new)
     return out
 
 
