@@ -31,9 +31,10 @@ for step in "$@"; do
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
       fi
-      [ -f .dev/carry/a/part-a.xz ] && unxz_to .dev/carry/a/part-a.xz $S/part-a
-      [ -f .dev/carry/b/part-b.xz ] && unxz_to .dev/carry/b/part-b.xz $S/part-b
-      for f in .dev/carry/a/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
+      # a second stage call on the same machine finds the first call's carry still there: unpack it once
+      [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
+      [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
+      [ -f $S/pool/manifest.json ] || for f in .dev/carry/a/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
       [ -f .dev/carry/a/pool/manifest.json ] && cp .dev/carry/a/pool/manifest.json $S/pool/
       if [ -f .dev/carry/b/wiki.json.xz ]; then
         mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to .dev/carry/b/wiki.json.xz ~/.cache/tcal/pypi/$W
@@ -68,6 +69,20 @@ for step in "$@"; do
       # teacher, a taylor conversion (146 s for 22 layers on the H200), the last checkpoint and the archive.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" ;;
+    sweep)
+      # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
+      # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
+      [ -d .dev/sweep ] && cp -r .dev/sweep $S/ 2>/dev/null
+      n=${SWEEP_WORKERS:-8}
+      # one process dequantises the GGUF into the teacher cache before the workers all read it
+      python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
+      for w in $(seq 0 $((n - 1))); do
+        OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
+          --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" \
+          > "$OUT/sweep-$w.log" 2>&1 &
+      done
+      wait
+      grep -h . "$OUT"/sweep-*.jsonl | python3 -c "import sys, json; [print(r.get('method'), r.get('keep'), r.get('budget'), r.get('calib'), {k: round(v, 2) for k, v in (r.get('ppl') or {}).items()}, round(r.get('wall_s', 0)), r.get('error', '')) for r in map(json.loads, sys.stdin)]" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

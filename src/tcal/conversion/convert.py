@@ -11,7 +11,7 @@ from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
-from tcal.data.tokens import token_windows
+from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.taylor.pipeline import Calibration, as_calibration_ids
@@ -37,10 +37,11 @@ def split_options(options: dict) -> tuple[dict, dict]:
 
 
 def calibration_ids(calib, tokenizer, window: int = CALIB_WINDOW, windows: int = CALIB_WINDOWS) -> torch.Tensor:
-    """(windows, window) token ids of the calibration corpus (the first windows, a fixed protocol)."""
+    """(windows, window) token ids of the calibration corpus (the first windows, a fixed protocol);
+    a mixture ``"wiki:calib+sotu:calib"`` takes an equal share of each, interleaved."""
     if tokenizer is None:
         raise TcalError("calibrated inits read text: pass tokenizer= (the teacher's) or calib_ids=")
-    return token_windows(calib, tokenizer, window=window, n_windows=windows)
+    return mixed_windows(calib, tokenizer, window=window, n_windows=windows)
 
 
 def convert_with_record(

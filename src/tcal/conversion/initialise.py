@@ -1,9 +1,12 @@
 """Carry out an init spec on a freshly built hybrid (see :mod:`tcal.conversion.inits`)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tcal.conversion.inits import InitSpec, get_init
+from tcal.taylor.kl_stage import KLConfig
 from tcal.taylor.phase2 import AlignConfig
 from tcal.taylor.pipeline import Calibration, calibrate, prepare
 from tcal.utils.errors import TcalError
@@ -18,16 +21,32 @@ def zero_gates(hybrid) -> None:
         gdn.g_proj.weight.zero_()
 
 
+ALIGN_INPUTS = {"local": ("teacher", "attn"), "sequential": ("student", "attn"), "residual": ("student", "residual")}
+
+
+def stage_configs(spec: InitSpec, align: AlignConfig | None, kl: KLConfig | None) -> tuple[AlignConfig, KLConfig | None]:
+    """The Phase-2 and KL-stage settings an init runs with: the caller's budget (steps, batch,
+    schedule...) with the init's own choice of how Phase 2 fits the layers."""
+    inputs, target = ALIGN_INPUTS[spec.align]
+    align = dataclasses.replace(align or AlignConfig(), inputs=inputs, target=target)
+    return align, ((kl or KLConfig(steps=KL_STEPS)) if spec.kl else None)
+
+
+KL_STEPS = 100  # the KL stage's default length; early stopping on held-out KL usually ends it sooner
+
+
 def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration | torch.Tensor | None = None, *,
-               align: AlignConfig | None = None, progress: bool = False, **switches) -> dict:
+               align: AlignConfig | None = None, kl: KLConfig | None = None, progress: bool = False,
+               **switches) -> dict:
     """Initialise the GDN layers of ``hybrid`` in place as ``init`` says; returns its record.
 
     ``calibration``: calibration token ids (N, T) or a prepared :class:`Calibration`, needed by
-    calibrated inits. ``switches`` are Phase-1 options (see tcal.taylor.phase1.Phase1Options).
+    calibrated inits. ``align`` / ``kl``: Phase-2 and KL-stage budgets (how Phase 2 fits the
+    layers is the init's). ``switches`` are Phase-1 options (see tcal.taylor.phase1.Phase1Options).
     """
     spec = get_init(init)
-    if not spec.calibrated and (switches or align is not None):
-        given = sorted(switches) + (["align"] if align is not None else [])
+    if not spec.calibrated and (switches or align is not None or kl is not None):
+        given = sorted(switches) + (["align"] if align is not None else []) + (["kl"] if kl is not None else [])
         raise TcalError(f"init {spec.name!r} takes no options; got {', '.join(given)}")
     if spec.calibrated and calibration is None:
         raise TcalError(f"init {spec.name!r} needs calibration tokens: pass calib_ids= or a corpus and tokenizer")
@@ -41,7 +60,8 @@ def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration |
                                   heldout_frac=(align or AlignConfig()).heldout_frac, device=device, progress=progress)
         record["custom"] = spec.apply(hybrid, teacher, calibration if spec.calibrated else None) or {}
     elif spec.calibrated:
+        align, kl = stage_configs(spec, align, kl)
         with torch.enable_grad():
             record.update(calibrate(hybrid, teacher, calibration, phase1=spec.phase1, phase2=spec.phase2,
-                                    align=align, progress=progress, **switches))
+                                    align=align, kl=kl, progress=progress, **switches))
     return record

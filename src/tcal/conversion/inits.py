@@ -19,13 +19,24 @@ class InitSpec:
     phase1: str | None = None  # Phase-1 variant: "reference" | "exact" | "exact-silent", or None
     phase2: bool = False  # Phase-2 layer-local alignment after Phase 1
     zero_gate: bool = False  # W_g = 0 after the copy: every GDN layer starts silent
+    # How Phase 2 fits the layers (tcal.taylor.pipeline): "local" (teacher-forced, each layer on its
+    # own: the reference), "sequential" (bottom-up on the hybrid's own inputs, teacher attention
+    # output as target), "residual" (sequential, target = the output that puts the hybrid's
+    # residual stream back onto the teacher's).
+    align: str = "local"
+    kl: bool = False  # a short whole-model KL stage after Phase 2 (tcal.taylor.kl_stage)
     # A strategy that is not a combination of the stages above: fn(hybrid, teacher, calibration)
     # -> JSON-able record; ``calibration`` is a tcal.taylor.pipeline.Calibration (None if not calibrated).
     apply: Callable | None = None
 
     def __post_init__(self):
-        if (self.phase1 is not None or self.phase2) and not self.calibrated:
-            raise TcalError(f"init {self.name!r} runs Phase 1 or Phase 2, so it must be calibrated=True")
+        if (self.phase1 is not None or self.phase2 or self.kl) and not self.calibrated:
+            raise TcalError(f"init {self.name!r} runs Phase 1, Phase 2 or the KL stage, so it must be calibrated=True")
+        if self.align not in ALIGN_MODES:
+            raise TcalError(f"init {self.name!r}: align must be one of {', '.join(ALIGN_MODES)}, got {self.align!r}")
+
+
+ALIGN_MODES = ("local", "sequential", "residual")
 
 
 INITS: dict[str, InitSpec] = {}

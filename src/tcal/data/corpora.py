@@ -69,6 +69,12 @@ def check_disjoint(data, eval_spec, role: str = "training") -> None:
     """
     if not isinstance(data, str) or not isinstance(eval_spec, str):
         return
+    parts, eparts = _spec_list(data, "+"), _spec_list(eval_spec, ",")
+    if len(parts) > 1 or len(eparts) > 1:
+        for d in parts:
+            for e in eparts:
+                check_disjoint(d, e, role)
+        return
     base, _, split = data.partition(":")
     ebase, _, esplit = eval_spec.partition(":")
     same_builtin = base == ebase and data in BUILTIN_CORPORA and eval_spec in BUILTIN_CORPORA
@@ -76,6 +82,13 @@ def check_disjoint(data, eval_spec, role: str = "training") -> None:
         raise TcalError(f"{role} data {data!r} overlaps the evaluation data {eval_spec!r} (it contains the "
                         f"evaluation text); use {base}:calib, or a token pool for training")
 
+
+
+def _spec_list(spec: str, sep: str) -> list[str]:
+    """A mixture (``a+b``) or a list (``a,b``) of built-in names -> its parts; anything else -> [spec]."""
+    if sep in spec and "\n" not in spec and not spec.startswith("text:") and not os.path.exists(spec):
+        return [p.strip() for p in spec.split(sep) if p.strip()]
+    return [spec]
 
 
 def split_of(key: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -178,3 +179,30 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
     return torch.from_numpy(tokens[idx].astype(np.int64))
 
 
+
+
+def mixture_parts(data) -> list:
+    """``"wiki:calib+shakespeare:calib"`` -> its parts; anything else (a path that exists included) -> [data]."""
+    if not isinstance(data, str) or "+" not in data or "\n" in data or data.startswith("text:") or Path(data).exists():
+        return [data]
+    parts = [p.strip() for p in data.split("+")]
+    if any(not p for p in parts) or len(set(parts)) != len(parts):
+        raise TcalError(f"corpus mixture {data!r} has an empty or repeated part; e.g. wiki:calib+sotu:calib")
+    return parts
+
+
+def mixed_windows(data, tokenizer, *, window: int, n_windows: int, cache_dir=None):
+    """``n_windows`` windows of ``window`` tokens from a mixture ``"a+b+c"`` (or one corpus):
+    the first n_windows/k windows of each part (the first parts take the remainder), interleaved
+    a, b, c, a, b, c... so that any prefix or suffix of the rows (the training and the held-out
+    calibration sequences) holds every domain."""
+    parts = mixture_parts(data)
+    if len(parts) == 1:
+        return token_windows(parts[0], tokenizer, window=window, n_windows=n_windows, cache_dir=cache_dir)
+    if n_windows < len(parts):
+        raise TcalError(f"{n_windows} windows cannot mix {len(parts)} corpora; ask for at least {len(parts)}")
+    k, extra = divmod(n_windows, len(parts))
+    chunks = [token_windows(p, tokenizer, window=window, n_windows=k + (j < extra), cache_dir=cache_dir)
+              for j, p in enumerate(parts)]
+    rows = [c[r] for r in range(k + 1) for c in chunks if r < c.shape[0]]
+    return torch.stack(rows)

@@ -94,15 +94,19 @@ class LayerIO:
     """Teacher-forced tensors of one layer over the calibration tokens (on ``device``).
 
     x: (N, T, hidden) the layer's normed input; ctx: (N, T, H, d) per-head attention output
-    before W_o (None unless asked for); out: (N, T, hidden) attention output after W_o.
+    before W_o (None unless asked for); out: (N, T, hidden) attention output after W_o;
+    resid: (N, T, hidden) the residual stream entering the layer, before its norm (None unless
+    asked for; the residual-stream target of sequential alignment needs it).
     """
 
     x: torch.Tensor
     out: torch.Tensor
     ctx: torch.Tensor | None = None
+    resid: torch.Tensor | None = None
 
     def select(self, rows: slice | tuple | torch.Tensor) -> LayerIO:
-        return LayerIO(self.x[rows], self.out[rows], None if self.ctx is None else self.ctx[rows])
+        pick = lambda t: None if t is None else t[rows]  # noqa: E731
+        return LayerIO(self.x[rows], self.out[rows], pick(self.ctx), pick(self.resid))
 
     @property
     def num_sequences(self) -> int:
@@ -119,42 +123,96 @@ def capture_teacher_io(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
     progress: bool = False,
+    with_resid: bool = False,
 ) -> dict[int, LayerIO]:
-    """One teacher pass over ``input_ids`` (N, T) that keeps every requested layer's x / ctx / out.
+    """One teacher pass over ``input_ids`` (N, T) that keeps every requested layer's x / ctx / out
+    (and, ``with_resid``, the residual stream entering the layer).
 
     Uses the teacher's own attention implementation (no probabilities needed). Tensors are
-    stored in ``dtype`` on ``device`` (default: the teacher's device).
+    stored in ``dtype`` on ``device`` (default: the teacher's device). The pass stops after the
+    last requested layer's attention: nothing above it is needed.
     """
     layers = check_layers(teacher, layers)
     decoder = decoder_layers(teacher)
     device = model_device(teacher) if device is None else torch.device(device)
-    parts: dict[int, dict[str, list]] = {i: {"x": [], "out": [], "ctx": []} for i in layers}
+    parts: dict[int, dict[str, list]] = {i: {"x": [], "out": [], "ctx": [], "resid": []} for i in layers}
     handles = []
     keep = lambda t: t.detach().to(device=device, dtype=dtype)  # noqa: E731
+
+    def on_attn(_m, _a, out, s, last):
+        s["out"].append(keep(out[0] if isinstance(out, tuple) else out))
+        if last:
+            raise _Stop
+
+    def on_norm(_m, args, out, s):
+        s["x"].append(keep(out))
+        if with_resid:
+            s["resid"].append(keep(args[0]))
+
     for i in layers:
         blk, store = decoder[i], parts[i]
         H, d = head_geometry(teacher, i)
-        handles.append(blk.input_layernorm.register_forward_hook(lambda _m, _a, out, s=store: s["x"].append(keep(out))))
+        handles.append(blk.input_layernorm.register_forward_hook(lambda m, a, out, s=store: on_norm(m, a, out, s)))
         handles.append(blk.self_attn.register_forward_hook(
-            lambda _m, _a, out, s=store: s["out"].append(keep(out[0] if isinstance(out, tuple) else out))
-        ))
+            lambda m, a, out, s=store, last=i == layers[-1]: on_attn(m, a, out, s, last)))
         if with_ctx:
             handles.append(blk.self_attn.o_proj.register_forward_pre_hook(
                 lambda _m, args, s=store, H=H, d=d: s["ctx"].append(keep(args[0].reshape(*args[0].shape[:2], H, d)))
             ))
-    was_training = teacher.training
-    teacher.eval()
-    try:
-        with hooks(handles):
-            for ids in batches(input_ids, batch_size, progress, "teacher pass"):
-                teacher(input_ids=ids.to(model_device(teacher)), use_cache=False)
-    finally:
-        teacher.train(was_training)
+    _run(teacher, input_ids, handles, batch_size, progress, "teacher pass")
+    cat = lambda p, k, on: torch.cat(p[k]) if on else None  # noqa: E731
     return {
-        i: LayerIO(
-            x=torch.cat(p["x"]), out=torch.cat(p["out"]), ctx=torch.cat(p["ctx"]) if with_ctx else None
-        )
+        i: LayerIO(x=torch.cat(p["x"]), out=torch.cat(p["out"]), ctx=cat(p, "ctx", with_ctx),
+                   resid=cat(p, "resid", with_resid))
         for i, p in parts.items()
     }
+
+
+class _Stop(Exception):
+    """Raised by a hook once everything asked for is captured: the rest of the forward is skipped."""
+
+
+def _run(model, input_ids, handles, batch_size, progress, desc) -> None:
+    was_training = model.training
+    model.eval()
+    try:
+        with hooks(handles):
+            for ids in batches(input_ids, batch_size, progress, desc):
+                try:
+                    model(input_ids=ids.to(model_device(model)), use_cache=False)
+                except _Stop:
+                    pass
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def capture_layer_input(
+    model,
+    input_ids: torch.Tensor,
+    layer: int,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual stream entering ``layer``, its normed input x), each (N, T, hidden), from a pass of
+    ``model`` (a teacher or a partly converted hybrid) that stops at that layer's norm.
+
+    Sequential alignment reads the hybrid's own inputs with this: layer l is fitted on what the
+    layers below it, already converted, hand it, not on the teacher's hidden states.
+    """
+    layer = check_layers(model, [layer])[0]
+    device = model_device(model) if device is None else torch.device(device)
+    resid, xs = [], []
+
+    def on_norm(_m, args, out):
+        resid.append(args[0].detach().to(device=device, dtype=dtype))
+        xs.append(out.detach().to(device=device, dtype=dtype))
+        raise _Stop
+
+    handle = decoder_layers(model)[layer].input_layernorm.register_forward_hook(on_norm)
+    _run(model, input_ids, [handle], batch_size, progress, f"inputs of layer {layer}")
+    return torch.cat(resid), torch.cat(xs)
 
 

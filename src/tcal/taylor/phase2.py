@@ -54,6 +54,18 @@ class AlignConfig:
     on_nonfinite: str = "stop"  # NaN/Inf loss, gradient or weight: "stop" the layer or "skip" the step
     max_nonfinite: int = 10  # with "skip": stop the layer after this many non-finite steps
     seed: int = 0  # minibatch order
+    schedule: str = "constant"  # learning rate over the steps: "constant" (reference) or "cosine"
+    warmup_steps: int = 0  # linear warm-up before the schedule
+    patience: int | None = None  # stop a layer after this many held-out evaluations without a new best
+    heldout_max_sequences: int = 64  # cap on the held-out slice: it is evaluated every eval_every steps
+    # Which inputs each layer is fitted on (see tcal.taylor.pipeline):
+    #   "teacher": the teacher's hidden states (layer-local, the reference);
+    #   "student": the partly converted hybrid's own hidden states, layers fitted bottom-up.
+    inputs: str = "teacher"
+    # What the layer's output is fitted to: "attn" = the teacher's attention output (reference);
+    # "residual" = teacher residual after the attention minus the student's residual before it,
+    # i.e. the output that puts the hybrid's residual stream back onto the teacher's.
+    target: str = "attn"
 
     def __post_init__(self):
         for name, low in (("lr_qkv", 0), ("lr_gate", 0), ("weight_decay", None), ("grad_clip", None)):
@@ -69,6 +81,34 @@ class AlignConfig:
             raise TcalError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
         if self.eval_every < 1:
             raise TcalError(f"eval_every must be >= 1, got {self.eval_every}")
+        if self.schedule not in SCHEDULES:
+            raise TcalError(f"align schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise TcalError(f"align warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.patience is not None and self.patience < 1:
+            raise TcalError(f"align patience must be >= 1 evaluations (or None), got {self.patience}")
+        if self.heldout_max_sequences < 1:
+            raise TcalError(f"heldout_max_sequences must be >= 1, got {self.heldout_max_sequences}")
+        if self.inputs not in ("teacher", "student"):
+            raise TcalError(f"align inputs must be 'teacher' or 'student', got {self.inputs!r}")
+        if self.target not in ("attn", "residual"):
+            raise TcalError(f"align target must be 'attn' or 'residual', got {self.target!r}")
+        if self.target == "residual" and self.inputs != "student":
+            raise TcalError("the residual-stream target corrects the hybrid's own drift: it needs inputs='student'")
+
+
+SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, steps: int, schedule: str, warmup: int) -> float:
+    """Learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up, then constant or
+    cosine decay to 10 % (not to 0: the last steps still move the weights the best state may pick)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or steps <= warmup + 1:
+        return 1.0
+    progress = (step - warmup) / (steps - warmup - 1)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter], list[str]]:
@@ -170,6 +210,7 @@ def align_layer(
     trained = qkv + gate
     groups = [g for g in ({"params": qkv, "lr": cfg.lr_qkv}, {"params": gate, "lr": cfg.lr_gate}) if g["params"]]
     opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    base_lrs = [g["lr"] for g in opt.param_groups]
 
     def held_fit():  # (None, None) without a held-out slice: the record stays valid JSON
         return output_fit(layer_output(gdn, hx), hy) if has_held else (None, None)
@@ -177,7 +218,7 @@ def align_layer(
     train_before, held_before = output_fit(layer_output(gdn, x), y), held_fit()
     best_score = held_before[0] if has_held else math.inf
     best_state, best_step = _snapshot(trained), 0
-    curve, held_curve, bad_steps = [], [], []
+    curve, held_curve, bad_steps, stale = [], [], [], 0
     batches = _Minibatches(x.shape[0], cfg.batch_size, cfg.seed, dev)
     steps = range(1, cfg.steps + 1)
     bar = tqdm(steps, desc=f"phase 2 layer {layer}", unit="step", leave=False) if progress else None
@@ -185,6 +226,8 @@ def align_layer(
         with _training_only(gdn, trained):
             for step in bar if bar is not None else steps:
                 idx = batches.next()
+                for g, lr in zip(opt.param_groups, base_lrs):
+                    g["lr"] = lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
                 before = _snapshot(trained)
                 lval = _step(gdn, opt, trained, x if idx is None else x[idx], y if idx is None else y[idx],
                              cfg.grad_clip)
@@ -205,7 +248,11 @@ def align_layer(
                         rel, _ = held_fit()
                         held_curve.append((step, rel))
                         if math.isfinite(rel) and rel < best_score:
-                            best_score, best_state, best_step = rel, _snapshot(trained), step
+                            best_score, best_state, best_step, stale = rel, _snapshot(trained), step, 0
+                        else:
+                            stale += 1
+                            if cfg.patience is not None and stale >= cfg.patience:
+                                break
                 elif lval < best_score:  # the loss was measured on the weights before this step
                     best_score, best_state, best_step = lval, before, step - 1
                 if bar is not None:
@@ -217,6 +264,7 @@ def align_layer(
     train_after, held_after = output_fit(layer_output(gdn, x), y), held_fit()
     return {
         "layer": layer, "steps_run": len(curve), "best_step": best_step, "train_loss": curve,
+        "inputs": cfg.inputs, "target": cfg.target,
         "heldout_curve": held_curve,
         "train_rel_mse_before": train_before[0], "train_cos_before": train_before[1],
         "train_rel_mse": train_after[0], "train_cos": train_after[1],

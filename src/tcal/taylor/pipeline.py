@@ -8,6 +8,14 @@ calibration sequences each stage sees:
   layer's best state;
 - the teacher statistics and every Phase-1 fit see the training sequences only;
 - Phase 2 trains on the training sequences.
+
+Phase 2 runs one of two ways (``AlignConfig.inputs``):
+
+- ``"teacher"`` (layer-local, the reference): every layer is fitted on the teacher's hidden
+  states, independently, from one teacher pass;
+- ``"student"`` (sequential): layers are fitted bottom-up, each on the hidden states the hybrid
+  itself produces with every layer below already converted and fitted, so a layer learns to
+  work on the inputs it will really see instead of compounding the errors below it.
 """
 from __future__ import annotations
 
@@ -16,18 +24,21 @@ from dataclasses import dataclass
 
 import torch
 
-from tcal.taylor.capture import LayerIO, capture_teacher_io
+from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
+from tcal.taylor.kl_stage import KLConfig, kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
 from tcal.taylor.phase2 import AlignConfig, align_layers
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
 
 
-def split_calibration(n: int, heldout_frac: float) -> tuple[slice, slice]:
-    """(train rows, held-out rows) of ``n`` calibration sequences: the last ``heldout_frac`` are held out."""
+def split_calibration(n: int, heldout_frac: float, max_heldout: int = AlignConfig.heldout_max_sequences,
+                      ) -> tuple[slice, slice]:
+    """(train rows, held-out rows) of ``n`` calibration sequences: the last ``heldout_frac`` (at most
+    ``max_heldout``) are held out."""
     if heldout_frac <= 0:
         return slice(0, n), slice(0, 0)
-    k = max(1, int(round(n * heldout_frac)))
+    k = min(max(1, int(round(n * heldout_frac))), max_heldout)
     if k >= n:
         raise TcalError(
             f"{n} calibration sequence(s) cannot be split into training and held-out parts "
@@ -36,15 +47,55 @@ def split_calibration(n: int, heldout_frac: float) -> tuple[slice, slice]:
     return slice(0, n - k), slice(n - k, n)
 
 
+# Above this many calibration sequences the teacher's activations are captured one layer at a
+# time, when that layer is fitted (all layers at once would hold L x 2-3 x N x T x hidden floats:
+# 100 GB for 1M tokens on a 30-layer, 576-wide teacher); Phase 1 and the statistics then read
+# the first PHASE1_SEQUENCES training sequences, which is where their estimates have settled.
+LAZY_SEQUENCES = 256
+PHASE1_SEQUENCES = 64
+
+
 @dataclass
 class Calibration:
     """The teacher's side of calibration over ``ids``, split once into training and held-out rows."""
 
     ids: torch.Tensor  # (N, T) calibration token ids
     train_rows: slice  # statistics, Phase 1, Phase 2 training
-    heldout_rows: slice  # Phase 2's choice of best state, nothing else
-    captured: dict[int, LayerIO]  # per layer, all N sequences: x, out (and ctx, for Phase 1)
-    stats: TeacherStats | None  # on the training rows only; None when no Phase 1 will run
+    heldout_rows: slice  # Phase 2's choice of best state (and the KL stage's), nothing else
+    captured: dict[int, LayerIO]  # per layer, all N sequences: x, out (and ctx, for Phase 1); {} = lazy
+    stats: TeacherStats | None  # on the Phase-1 rows; None when no Phase 1 will run
+    teacher: object = None  # what captures a layer on demand (lazy) or its residual stream
+    phase1_captured: dict[int, LayerIO] | None = None  # lazy only: the Phase-1 rows, with ctx
+    device: object = None
+    batch_size: int = 4
+
+    @property
+    def lazy(self) -> bool:
+        return not self.captured
+
+    def phase1_rows(self) -> slice:
+        return self.train_rows if not self.lazy else slice(0, min(PHASE1_SEQUENCES, self.train_rows.stop))
+
+    def phase1_io(self) -> dict[int, LayerIO]:
+        """The activations Phase 1 fits on: the training rows (lazy: the first PHASE1_SEQUENCES of them)."""
+        if self.lazy:
+            return self.phase1_captured or {}
+        return self.train()
+
+    def layer_io(self, layer: int, resid: bool = False) -> LayerIO:
+        """All N sequences of one layer (x, out; ``resid`` the residual stream too), captured now if lazy."""
+        io = self.captured.get(layer)
+        if io is not None and (io.resid is not None or not resid):
+            return io
+        if self.teacher is None:
+            raise TcalError(f"the calibration holds no activations of layer {layer} and no teacher to take them "
+                            "from; prepare it with tcal.taylor.pipeline.prepare")
+        fresh = capture_teacher_io(self.teacher, self.ids, [layer], batch_size=self.batch_size, with_ctx=False,
+                                   with_resid=resid, device=self.device)[layer]
+        return fresh if io is None else LayerIO(io.x, io.out, io.ctx, fresh.resid)
+
+    def has_layer(self, layer: int) -> bool:
+        return layer in self.captured or (self.lazy and self.teacher is not None)
 
     def train(self) -> dict[int, LayerIO]:
         return {i: io.select(self.train_rows) for i, io in self.captured.items()}
@@ -54,8 +105,11 @@ class Calibration:
 
     def record(self) -> dict:
         n_train = len(range(*self.train_rows.indices(self.ids.shape[0])))
-        return {"sequences": int(self.ids.shape[0]), "tokens_per_sequence": int(self.ids.shape[1]),
-                "train_sequences": n_train, "heldout_sequences": int(self.ids.shape[0]) - n_train}
+        rec = {"sequences": int(self.ids.shape[0]), "tokens_per_sequence": int(self.ids.shape[1]),
+               "train_sequences": n_train, "heldout_sequences": int(self.ids.shape[0]) - n_train}
+        if self.lazy:
+            rec["phase1_sequences"] = len(range(*self.phase1_rows().indices(self.ids.shape[0])))
+        return rec
 
 
 def as_calibration_ids(calib_ids) -> torch.Tensor:
@@ -68,25 +122,76 @@ def as_calibration_ids(calib_ids) -> torch.Tensor:
 
 
 def prepare(teacher, calib_ids, layers: Sequence[int], *, heldout_frac: float = AlignConfig.heldout_frac,
-            statistics: bool = True, batch_size: int = 4, device=None, progress: bool = False) -> Calibration:
-    """One capture of the teacher's activations at ``layers`` over every calibration sequence, and
-    (``statistics``) its attention statistics over the training sequences only."""
+            max_heldout: int = AlignConfig.heldout_max_sequences, statistics: bool = True, batch_size: int = 4,
+            device=None, progress: bool = False, lazy: bool | None = None) -> Calibration:
+    """The teacher's activations at ``layers`` over every calibration sequence, and (``statistics``)
+    its attention statistics over the training sequences only.
+
+    ``lazy`` (default: more than LAZY_SEQUENCES sequences): capture nothing for Phase 2 now (each
+    layer is captured when it is fitted); Phase 1 and the statistics read the first
+    PHASE1_SEQUENCES training sequences."""
     ids = as_calibration_ids(calib_ids)
-    train, held = split_calibration(ids.shape[0], heldout_frac)
-    captured = capture_teacher_io(teacher, ids, layers, batch_size=batch_size, with_ctx=statistics,
-                                  device=device, progress=progress)
-    stats = collect_stats(teacher, ids[train], layers, batch_size=batch_size, progress=progress) if statistics else None
-    return Calibration(ids=ids, train_rows=train, heldout_rows=held, captured=captured, stats=stats)
+    train, held = split_calibration(ids.shape[0], heldout_frac, max_heldout)
+    lazy = ids.shape[0] > LAZY_SEQUENCES if lazy is None else lazy
+    cal = Calibration(ids=ids, train_rows=train, heldout_rows=held, captured={}, stats=None, teacher=teacher,
+                      device=device, batch_size=batch_size)
+    if not lazy:
+        cal.captured = capture_teacher_io(teacher, ids, layers, batch_size=batch_size, with_ctx=statistics,
+                                          device=device, progress=progress)
+    elif statistics:
+        cal.phase1_captured = capture_teacher_io(teacher, ids[cal.phase1_rows()], layers, batch_size=batch_size,
+                                                 with_ctx=True, device=device, progress=progress)
+    if statistics:
+        cal.stats = collect_stats(teacher, ids[cal.phase1_rows()], layers, batch_size=batch_size, progress=progress)
+    return cal
+
+
+def student_layer_io(hybrid, calibration: Calibration, layer: int, target: str, batch_size: int = 4) -> LayerIO:
+    """Layer ``layer``'s Phase-2 data, all N sequences, on the hybrid's own inputs: x = what the
+    hybrid (layers below already converted) feeds the layer; out = the teacher's attention output
+    (``target="attn"``) or the output that puts the hybrid's residual stream back onto the
+    teacher's (``"residual"``: teacher residual after the attention - hybrid residual before it)."""
+    teacher_io = calibration.layer_io(layer, resid=target == "residual")
+    dev = teacher_io.out.device
+    resid_s, x_s = capture_layer_input(hybrid, calibration.ids, layer, batch_size=batch_size, device=dev,
+                                       dtype=teacher_io.out.dtype)
+    if target == "attn":
+        return LayerIO(x=x_s, out=teacher_io.out)
+    return LayerIO(x=x_s, out=teacher_io.resid + teacher_io.out - resid_s)
+
+
+def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_size: int = 4,
+                    progress: bool = False) -> dict[int, dict]:
+    """Phase 2 one layer at a time, bottom-up: on the teacher's inputs (``align.inputs ==
+    "teacher"``; the same fit as :func:`align_layers`, with one layer's activations in memory at a
+    time) or on the hybrid's own (``"student"``)."""
+    records = {}
+    layers = sorted(hybrid.gdn_modules())
+    bar = layers
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(layers, desc=f"phase 2 ({'sequential' if align.inputs == 'student' else 'layer-local'})",
+                   unit="layer", leave=False)
+    for i in bar:
+        if align.inputs == "student":
+            io = student_layer_io(hybrid, calibration, i, align.target, batch_size=batch_size)
+        else:
+            io = calibration.layer_io(i)
+        train, held = io.select(calibration.train_rows), io.select(calibration.heldout_rows)
+        records.update(align_layers(hybrid, {i: train}, {i: held}, align, layers=[i], progress=progress))
+        del io, train, held
+    return records
 
 
 def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2: bool = False,
-              align: AlignConfig | None = None, batch_size: int = 4, progress: bool = False,
-              **phase1_switches) -> dict:
-    """Run Phase 1 (variant ``phase1``, or none) and then Phase 2 (``phase2``) on every GDN layer
-    of ``hybrid``, in place. ``calibration`` is a :class:`Calibration` from :func:`prepare` (shared
+              align: AlignConfig | None = None, kl: KLConfig | None = None, batch_size: int = 4,
+              progress: bool = False, **phase1_switches) -> dict:
+    """Run Phase 1 (variant ``phase1``, or none), then Phase 2 (``phase2``) on every GDN layer
+    of ``hybrid``, then (``kl`` with steps > 0) the whole-model KL stage, in place. ``calibration`` is a :class:`Calibration` from :func:`prepare` (shared
     by several hybrids of one teacher) or calibration token ids (N, T).
     Returns ``{"calibration": {...}, "statistics": TeacherStats.to_dict() (when taken), "phase1": {layer:
-    record}, "phase2": {layer: record}}``.
+    record}, "phase2": {layer: record}, "kl": record}``.
     """
     if phase1 is not None and phase1 not in PHASE1_VARIANTS:
         raise TcalError(f"unknown Phase 1 variant {phase1!r}; choose one of {', '.join(PHASE1_VARIANTS)}")
@@ -97,24 +202,31 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     if not isinstance(calibration, Calibration):
         device = next(iter(hybrid.gdn_modules().values())).q_proj.weight.device
         calibration = prepare(teacher, calibration, layers, heldout_frac=align.heldout_frac,
-                              statistics=phase1 is not None, batch_size=batch_size, device=device,
+                              max_heldout=align.heldout_max_sequences, statistics=phase1 is not None, batch_size=batch_size, device=device,
                               progress=progress)
-    missing = [i for i in layers if i not in calibration.captured]
+    missing = [i for i in layers if not calibration.has_layer(i)]
     if missing:
         raise TcalError(f"the calibration has no teacher activations for GDN layer {missing[0]}; "
                         "prepare it for every converted layer")
-    want = split_calibration(calibration.ids.shape[0], align.heldout_frac)
+    want = split_calibration(calibration.ids.shape[0], align.heldout_frac, align.heldout_max_sequences)
     if want != (calibration.train_rows, calibration.heldout_rows):
         raise TcalError(f"the calibration was split with another held-out fraction than align.heldout_frac="
                         f"{align.heldout_frac}; prepare it with the same fraction")
+    if kl is not None and kl.steps and calibration.heldout_rows.stop == calibration.heldout_rows.start:
+        raise TcalError("the KL stage picks its state on held-out calibration sequences: use heldout_frac > 0")
     record: dict = {"calibration": calibration.record()}
     if calibration.stats is not None:
         record["statistics"] = calibration.stats.to_dict()
     if phase1 is not None:
         if calibration.stats is None:
             raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
-        record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.train(), phase1, progress=progress,
-                                        **phase1_switches)
-    if phase2:
+        record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
+                                        progress=progress, **phase1_switches)
+    if phase2 and (align.inputs == "student" or calibration.lazy):
+        record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress)
+    elif phase2:
         record["phase2"] = align_layers(hybrid, calibration.train(), calibration.heldout(), align, progress=progress)
+    if kl is not None and kl.steps:
+        record["kl"] = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                calibration.ids[calibration.heldout_rows], kl, progress=progress)
     return record

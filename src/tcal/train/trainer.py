@@ -25,7 +25,7 @@ from tcal.evaluate import window_ppl
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
-from tcal.train.loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train.sampler import WindowOrder, batch_for_step
 from tcal.train.schedule import crossed, eval_due, lr_at, warmup_steps
 from tcal.utils.atomic import atomic_dir, write_json

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from helpers import assert_close, tiny_teacher
 
 import tcal
-from tcal.train.loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.utils.errors import TcalError
 
 

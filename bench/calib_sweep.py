@@ -1,0 +1,190 @@
+"""Taylor-Calibrate method and budget sweep on the real teacher: which Phase-2 fit (layer-local,
+sequential, residual-stream target, + KL stage), how many calibration tokens, which calibration
+text, at 50 % and 73 % converted, each scored on three held-out domains.
+
+Two steps, because the GPU machine reaches no registry and has no tokenizer cache:
+
+  here:    python bench/calib_sweep.py tokens --out .dev/sweep          (token ids as .npy, ~10 MB)
+  device:  python bench/calib_sweep.py run --tokens .dev/sweep --jobs methods --worker 0 --workers 6 \
+               --out $OUT/methods.jsonl      (one process per worker, each taking every 6th job)
+
+Data roles: calibration from ``*:calib`` splits only (``wiki`` = wiki:calib; ``mix`` = wiki:calib
++ shakespeare:calib interleaved, none of it in the default training pool); evaluation the first 32 x 512 tokens of
+``wiki:eval``, ``shakespeare:eval`` and ``sotu:eval``, used for nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+CALIB = {"wiki": "wiki:calib", "mix": "wiki:calib+shakespeare:calib"}
+EVAL = ("wiki:eval", "shakespeare:eval", "sotu:eval")
+EVAL_WINDOWS, EVAL_WINDOW = 32, 512
+BUDGETS = {"1k": (4, 256), "4k": (8, 512), "16k": (32, 512), "64k": (128, 512), "256k": (512, 512),
+           "1m": (2048, 512)}
+KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4))}
+
+# name -> (phase1 variant or None, align mode, KL stage)
+METHODS = {
+    "phase2": (None, "local", False),
+    "taylor-reference": ("reference", "local", False),
+    "tes": ("exact-silent", "local", False),
+    "tes-seq": ("exact-silent", "sequential", False),
+    "tes-res": ("exact-silent", "residual", False),
+    "p2-seq": (None, "sequential", False),
+    "tes-kl": ("exact-silent", "local", True),
+    "tes-seq-kl": ("exact-silent", "sequential", True),
+    "p2-kl": (None, "local", True),
+}
+
+
+def job_sets() -> dict[str, list[dict]]:
+    """Named job lists; a worker takes every n-th job, so the long ones come first."""
+    methods16 = [dict(keep=k, method=m, calib="wiki", budget="16k") for k in ("73", "50") for m in METHODS]
+    methods1 = [dict(keep=k, method=m, calib="wiki", budget="1k") for k in ("73", "50") for m in METHODS
+                if m != "p2-kl"]
+    mix = [dict(keep="50", method=m, calib="mix", budget="16k") for m in ("phase2", "tes", "tes-seq", "tes-seq-kl")]
+    curve = [dict(keep="50", method=m, calib="mix", budget=b) for b in ("1m", "256k", "64k", "4k", "1k")
+             for m in ("phase2", "tes-seq", "tes-seq-kl")]
+    return {"methods16": methods16, "mix": mix, "methods1": methods1, "curve": curve,
+            "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
+
+
+def tokens_step(args) -> None:
+    import numpy as np
+
+    from tcal.data.teachers import load_teacher
+    from tcal.data.tokens import mixed_windows, token_windows
+
+    _, tok = load_teacher("smollm2-135m", device="cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for cname, spec in CALIB.items():
+        for bname, (n, w) in BUDGETS.items():
+            try:
+                ids = mixed_windows(spec, tok, window=w, n_windows=n)
+            except Exception as e:  # the corpus is too small for this budget: recorded, not faked
+                print(f"skip {cname} {bname}: {e}")
+                continue
+            np.save(out / f"calib-{cname}-{bname}.npy", ids.numpy().astype(np.int32))
+    for spec in EVAL:
+        ids = token_windows(spec, tok, window=EVAL_WINDOW, n_windows=EVAL_WINDOWS)
+        np.save(out / f"eval-{spec.replace(':', '_')}.npy", ids.numpy().astype(np.int32))
+    print("wrote", sorted(p.name for p in out.iterdir()))
+
+
+def align_for(budget: str, steps: int):
+    from tcal.taylor.phase2 import AlignConfig
+
+    n, _ = BUDGETS[budget]
+    if budget == "1k":  # the reference protocol: full-batch steps, held-out check every step
+        return AlignConfig(steps=steps)
+    return AlignConfig(steps=steps, batch_size=min(16, n), eval_every=5, schedule="cosine", warmup_steps=10)
+
+
+def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100) -> dict:
+    import numpy as np
+    import torch
+
+    from tcal.conversion.convert import convert_with_record
+    from tcal.conversion.inits import INITS, InitSpec, register_init
+    from tcal.evaluate.perplexity import window_ppl
+    from tcal.taylor.kl_stage import KLConfig
+    from tcal.taylor.pipeline import prepare
+
+    phase1, align_mode, kl = METHODS[job["method"]]
+    name = f"sweep-{job['method']}"
+    if name not in INITS:
+        register_init(InitSpec(name, "sweep", calibrated=True, phase1=phase1, phase2=True, align=align_mode, kl=kl))
+    path = tokens / f"calib-{job['calib']}-{job['budget']}.npy"
+    if not path.exists():
+        return {**job, "error": f"no calibration tokens {path.name}"}
+    ids = torch.from_numpy(np.load(path).astype(np.int64))
+    keep = KEEP[job["keep"]]
+    gdn = [i for i in range(teacher.config.num_hidden_layers) if i not in keep]
+    align = align_for(job["budget"], steps)
+    t0 = time.perf_counter()
+    cal = prepare(teacher, ids, gdn, heldout_frac=align.heldout_frac, max_heldout=align.heldout_max_sequences,
+                  statistics=phase1 is not None, device=device)
+    prep_s = time.perf_counter() - t0
+    kl_cfg = KLConfig(steps=kl_steps, batch_size=8 if job["budget"] != "1k" else 3, eval_every=5, patience=4)
+    conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None)
+    convert_s = time.perf_counter() - t0
+    ppl = {spec: window_ppl(conv.hybrid, ids_e, progress=False) for spec, ids_e in evals.items()}
+    detail = conv.record["detail"]
+    p2 = detail.get("phase2", {})
+    return {**job, "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
+            "phase2_s": sum(r["wall_s"] for r in p2.values()),
+            "heldout_cos": sum(r["heldout_cos"] for r in p2.values()) / max(1, len(p2)),
+            "kl": {k: detail["kl"][k] for k in ("heldout_kl_before", "heldout_kl", "best_step", "steps_run", "wall_s")}
+            if "kl" in detail else None}
+
+
+def run_step(args) -> None:
+    import numpy as np
+    import torch
+
+    from tcal.data.teachers import load_teacher
+    from tcal.evaluate.perplexity import window_ppl
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, args.workers)))
+    device = args.device
+    jobs = [j for s in args.jobs.split(",") for j in job_sets()[s]]
+    for key in ("method", "keep", "budget", "calib"):
+        want = getattr(args, key + "s")
+        if want:
+            jobs = [j for j in jobs if j[key] in want.split(",")]
+    jobs = jobs[args.worker :: args.workers]
+    tokens = Path(args.tokens)
+    teacher, _ = load_teacher("smollm2-135m", device=device)
+    evals = {spec: torch.from_numpy(np.load(tokens / f"eval-{spec.replace(':', '_')}.npy").astype(np.int64))
+             [: args.eval_windows] for spec in EVAL}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.worker == 0:
+        row = {"method": "teacher", "ppl": {s: window_ppl(teacher, e, progress=False) for s, e in evals.items()}}
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    start = time.perf_counter()
+    for job in jobs:
+        if args.deadline_min and time.perf_counter() - start > 60 * args.deadline_min:
+            print("deadline: not started", json.dumps(job), flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps)
+        except Exception as e:  # one failed job must not lose the others' results
+            row = {**job, "error": f"{type(e).__name__}: {e}"}
+        row["wall_s"] = time.perf_counter() - t0
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row)[:300], flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="step", required=True)
+    t = sub.add_parser("tokens")
+    t.add_argument("--out", default=".dev/sweep")
+    r = sub.add_parser("run")
+    r.add_argument("--tokens", default=".dev/sweep")
+    r.add_argument("--jobs", default="methods", help=f"comma list of: {', '.join(job_sets())}")
+    r.add_argument("--worker", type=int, default=0)
+    r.add_argument("--workers", type=int, default=1)
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--steps", type=int, default=300, help="Phase 2 steps per layer")
+    r.add_argument("--kl-steps", type=int, default=100, help="KL stage steps (methods with a KL stage)")
+    r.add_argument("--out", required=True)
+    r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")
+    for key in ("method", "keep", "budget", "calib"):
+        r.add_argument(f"--{key}s", default="", help=f"only jobs with these {key}s (comma list)")
+    r.add_argument("--deadline-min", type=float, default=0, help="start no job after this many minutes")
+    args = p.parse_args()
+    tokens_step(args) if args.step == "tokens" else run_step(args)
+
+
+if __name__ == "__main__":
+    main()

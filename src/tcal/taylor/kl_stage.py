@@ -1,0 +1,140 @@
+"""An optional last calibration stage: a short whole-model KL fit of every GDN layer at once.
+
+Phase 2 fits each layer to its own target, so the small errors of 15-22 converted layers add
+up in the residual stream and nothing ever sees their sum. This stage trains the GDN layers
+(only them: embeddings, MLPs, norms and the kept attention stay the teacher's) jointly on the
+forward KL(teacher || hybrid) of the next-token distributions over the calibration training
+sequences. The state kept is the one of lowest KL on the held-out calibration sequences, which
+are evaluated before the first step too, so the stage can never return a worse model than it
+was given (on those sequences).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.taylor.phase2 import lr_factor
+from tcal.utils.errors import TcalError
+
+
+@dataclass
+class KLConfig:
+    steps: int = 0  # 0 = no KL stage
+    lr: float = 3e-4  # AdamW, every GDN parameter
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: int = 4  # training sequences per step
+    eval_every: int = 5  # held-out KL every n steps (and at the last step)
+    patience: int | None = 4  # stop after this many held-out evaluations without a new best
+    schedule: str = "cosine"
+    warmup_steps: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 0:
+            raise TcalError(f"KL stage steps must be >= 0, got {self.steps}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise TcalError(f"KL stage lr must be a finite number > 0, got {self.lr!r}")
+        if self.batch_size < 1 or self.eval_every < 1:
+            raise TcalError("KL stage batch_size and eval_every must be >= 1")
+        if self.patience is not None and self.patience < 1:
+            raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
+
+
+def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
+    return [p for gdn in hybrid.gdn_modules().values() for p in gdn.parameters()]
+
+
+@torch.no_grad()
+def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int) -> float:
+    """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T)."""
+    base_s, head_s = lm_parts(hybrid)
+    base_t, head_t = lm_parts(teacher)
+    dev = head_s.weight.device
+    total, n = 0.0, 0
+    for s in range(0, ids.shape[0], batch_size):
+        mb = ids[s : s + batch_size].to(dev)
+        hs, ht = final_hidden(base_s, mb), final_hidden(base_t, mb)
+        _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
+                                        use_checkpoint=False)
+        total, n = total + kl * mb.numel(), n + mb.numel()
+    return total / n
+
+
+def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor, cfg: KLConfig,
+             progress: bool = False) -> dict:
+    """Train the GDN layers of ``hybrid`` on KL to ``teacher`` over ``train_ids`` (N, T), in place;
+    keep the state of lowest KL on ``heldout_ids``. Returns the record (KL curve, best step, ...)."""
+    if heldout_ids.shape[0] == 0:
+        raise TcalError("the KL stage needs held-out calibration sequences to pick its state; "
+                        "use a held-out fraction > 0")
+    t0 = time.perf_counter()
+    params = _gdn_params(hybrid)
+    saved_flags = {id(p): p.requires_grad for p in hybrid.parameters()}
+    base_s, head_s = lm_parts(hybrid)
+    base_t, head_t = lm_parts(teacher)
+    dev = head_s.weight.device
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    was_training, teacher_training = hybrid.training, teacher.training
+    teacher.eval()
+    hybrid.eval()  # no dropout: the stage fits the model as it will run
+    best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size)
+    best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
+    curve, held_curve = [], [(0, before)]
+    steps = range(1, cfg.steps + 1)
+    bar = tqdm(steps, desc="KL stage", unit="step", leave=False) if progress else None
+    try:
+        for p in hybrid.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            for step in bar if bar is not None else steps:
+                for g in opt.param_groups:
+                    g["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
+                idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
+                mb = train_ids[idx].to(dev)
+                with torch.no_grad():
+                    ht = final_hidden(base_t, mb)
+                hs = final_hidden(base_s, mb)
+                loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s,
+                                                   ht.reshape(-1, ht.shape[-1]), head_t)
+                if not math.isfinite(kl):
+                    break  # the best state so far is restored below
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                opt.step()
+                curve.append(kl)
+                if step % cfg.eval_every == 0 or step == cfg.steps:
+                    held = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size)
+                    held_curve.append((step, held))
+                    if math.isfinite(held) and held < best:
+                        best, best_state, best_step, stale = held, [p.detach().clone() for p in params], step, 0
+                    else:
+                        stale += 1
+                        if cfg.patience is not None and stale >= cfg.patience:
+                            break
+                if bar is not None:
+                    bar.set_postfix(kl=f"{kl:.3f}", best=f"{best:.3f}")
+    finally:
+        if bar is not None:
+            bar.close()
+        with torch.no_grad():
+            for p, s in zip(params, best_state):
+                p.copy_(s)
+        for p in hybrid.parameters():
+            p.requires_grad_(saved_flags[id(p)])
+        hybrid.train(was_training)
+        teacher.train(teacher_training)
+    return {"steps_run": len(curve), "best_step": best_step, "train_kl": curve, "heldout_curve": held_curve,
+            "heldout_kl_before": before, "heldout_kl": best,
+            "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
+            "wall_s": time.perf_counter() - t0}

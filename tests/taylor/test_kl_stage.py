@@ -1,0 +1,61 @@
+"""The whole-model KL stage: it lowers the held-out KL, keeps the best held-out state (never a worse
+one), trains GDN parameters only, and refuses to run without held-out sequences."""
+import pytest
+import torch
+from helpers import tiny_teacher
+
+from tcal.conversion.surgery import build_hybrid
+from tcal.taylor.kl_stage import KLConfig, kl_stage, mean_kl
+from tcal.taylor.pipeline import calibrate
+from tcal.utils.errors import TcalError
+
+CFG = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=3, max_position_embeddings=128)
+
+
+def ids(n, t=16, seed=0):
+    return torch.randint(0, CFG["vocab_size"], (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_kl_stage_lowers_heldout_kl_and_touches_only_gdn_layers():
+    teacher = tiny_teacher("llama", **CFG)
+    hybrid = build_hybrid(teacher, [0])
+    train, held = ids(8), ids(4, seed=1)
+    before_state = {k: v.clone() for k, v in hybrid.state_dict().items()}
+    flags = {n: p.requires_grad for n, p in hybrid.named_parameters()}
+    rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=30, lr=3e-3, eval_every=3, patience=None))
+    assert rec["heldout_kl"] < rec["heldout_kl_before"]
+    assert rec["heldout_kl"] == pytest.approx(mean_kl(hybrid, teacher, held, 4), rel=1e-5)  # the kept state
+    changed = {k for k, v in hybrid.state_dict().items() if not torch.equal(v, before_state[k])}
+    assert changed and all(".self_attn." in k and k.split(".")[2] in ("1", "2") for k in changed)
+    assert flags == {n: p.requires_grad for n, p in hybrid.named_parameters()}
+
+
+def test_kl_stage_never_returns_a_worse_state():
+    teacher = tiny_teacher("llama", **CFG)
+    hybrid = build_hybrid(teacher, [0])
+    train, held = ids(4), ids(2, seed=1)
+    start = mean_kl(hybrid, teacher, held, 4)
+    rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=6, lr=50.0, eval_every=1, patience=None))
+    assert rec["heldout_kl"] <= start + 1e-6
+    assert mean_kl(hybrid, teacher, held, 4) == pytest.approx(rec["heldout_kl"], rel=1e-5)
+
+
+def test_kl_stage_needs_heldout_sequences_and_valid_settings():
+    teacher = tiny_teacher("llama", **CFG)
+    hybrid = build_hybrid(teacher, [0])
+    with pytest.raises(TcalError, match="held-out"):
+        kl_stage(hybrid, teacher, ids(4), ids(4)[:0], KLConfig(steps=2))
+    with pytest.raises(TcalError, match="held-out"):
+        calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2),
+                  align=__import__("tcal.taylor.phase2", fromlist=["AlignConfig"]).AlignConfig(heldout_frac=0.0))
+    for bad in (dict(steps=-1), dict(lr=0.0), dict(lr=float("nan")), dict(batch_size=0), dict(patience=0)):
+        with pytest.raises(TcalError):
+            KLConfig(**bad)
+
+
+def test_calibrate_runs_the_kl_stage_after_phase2():
+    teacher = tiny_teacher("llama", **CFG)
+    rec = calibrate(build_hybrid(teacher, [0]), teacher, ids(8), phase1="exact-silent", phase2=True,
+                    kl=KLConfig(steps=4, eval_every=2))
+    assert set(rec) >= {"phase1", "phase2", "kl"} and rec["kl"]["train_tokens"] == 6 * 16
+    assert rec["kl"]["heldout_tokens"] == 2 * 16
