@@ -1,4 +1,5 @@
-"""Shared test helpers: one tiny-teacher builder, one numerics check, one word-level tokenizer."""
+"""Shared test helpers: one tiny-teacher builder, one numerics check, one word-level tokenizer, one
+made-up text for the harness tasks."""
 from __future__ import annotations
 
 import torch
@@ -81,3 +82,22 @@ def write_distill_assets(root):
     np.save(root / "train.npy", rng.integers(0, TINY["vocab_size"], 8000).astype(np.uint16))
     np.save(root / "eval.npy", rng.integers(0, TINY["vocab_size"], 2048).astype(np.uint16))
     return root
+
+
+def story_text(sentences: int = 400, seed: int = 0) -> str:
+    """Sentences of made-up words, each ending in a rare word that often repeats one of the
+    sentences before: text the local harness tasks find passages in (tcal.evaluate.harness)."""
+    import random
+
+    rng = random.Random(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = sorted({"".join(rng.choice(syllables) for _ in range(3)) for _ in range(400)})
+    common, rare = words[:40], words[40:]
+    out, recent = [], []
+    for _ in range(sentences):
+        body = [rng.choice(common) for _ in range(rng.randint(6, 12))]
+        recent.append(rng.choice(rare))
+        body.insert(rng.randrange(len(body)), recent[-1])
+        last = rng.choice(recent[-4:-1]) if len(recent) > 3 and rng.random() < 0.7 else rng.choice(rare)
+        out.append(" ".join(body + [last]) + ".")
+    return " ".join(out)

@@ -16,7 +16,8 @@ from tcal.utils.errors import TcalError
 # name -> (recipe module, config class, help)
 COMMANDS = {
     "convert": ("tcal.recipes.convert", "ConvertConfig", "convert a teacher into a hybrid and save it"),
-    "eval": ("tcal.recipes.eval", "EvalConfig", "held-out perplexity of a hybrid or teacher"),
+    "eval": ("tcal.recipes.eval", "EvalConfig",
+             "held-out perplexity, long-context retrieval or lm-evaluation-harness tasks of a hybrid or teacher"),
     "stats": ("tcal.recipes.stats", "StatsConfig", "teacher attention statistics per layer and head, with heat maps"),
     "ablate": ("tcal.recipes.ablate", "AblateConfig",
                "every init strategy on the same layers and data: held-out PPL table, plot"),

@@ -1,10 +1,17 @@
-"""`tcal eval`: held-out perplexity of a saved hybrid or any teacher, or its long-context retrieval.
+"""`tcal eval`: held-out perplexity of a saved hybrid or any teacher, its long-context retrieval, or
+lm-evaluation-harness tasks.
 
 ``--task ppl`` (default) prints the perplexity and its protocol. ``--task niah`` (every retrieval
 task) or a comma list of tasks (``single,multikey``) scores RULER-style retrieval at each of
 ``--lengths`` and writes ``--out``: niah.json (every sample), niah.md (task x length table),
 niah.png (depth x length heat map per task). Finished (task, length) cells are kept in
-``OUT.partial/`` so an interrupted run continues where it stopped.
+``OUT.partial/`` so an interrupted run continues where it stopped. ``--task list`` lists every task.
+
+``--lm-eval TASKS`` runs lm-evaluation-harness (``pip install 'tcal[eval]'``) on the loaded model:
+the offline local tasks ``tcal_lastword`` and ``tcal_cloze`` (built from ``--lm-eval-data``, see
+:mod:`tcal.evaluate.harness`) or any harness task name. It writes ``--out``: lm_eval.json (every
+number the harness reports, its task configs), lm_eval_samples.json (every request and response),
+lm_eval.md (task, metric, value, stderr); finished tasks are kept in ``OUT.partial/``.
 """
 from __future__ import annotations
 
@@ -15,22 +22,29 @@ from tcal.utils.config import DeviceArgs, OutArgs, arg
 
 RETRIEVAL_TASKS = ("single", "single-words", "single-uuids", "single-noise", "multikey", "multivalue",
                    "multiquery", "vt", "cwe")  # tcal.evaluate.niah.TASKS, listed here for --help without torch
+LOCAL_HARNESS_TASKS = ("tcal_lastword", "tcal_cloze")  # tcal.evaluate.harness.LOCAL_TASKS, likewise
 
 
 @dataclass
 class EvalConfig(DeviceArgs, OutArgs):
     model: str = arg("smollm2-135m", "a saved tcal hybrid directory, or any teacher spec")
-    task: str = arg("ppl", "ppl (held-out perplexity), niah (every retrieval task) or a comma list of "
-                           "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS))
+    task: str = arg("ppl", "ppl (held-out perplexity), niah (every retrieval task), a comma list of "
+                           "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS) + "; or list (print every task)")
     data: str = arg("wiki:eval", "perplexity: corpus spec or file path")
     window: int = arg(512, "perplexity: tokens per window")
     windows: int = arg(64, "perplexity: number of windows (the first N, non-overlapping)")
     lengths: str = arg("512,1024,2048,4096", "retrieval: context lengths in tokens, comma-separated")
     samples: int = arg(8, "retrieval: prompts per task and length (needle depths spread over 0..1)")
-    seed: int = arg(0, "retrieval: seed of every random choice in the prompts")
+    seed: int = arg(0, "retrieval and local lm-eval tasks: seed of every random choice in the prompts")
     haystack: str = arg("sotu:eval", "retrieval: real text the needles hide in (used for nothing else)")
-    batch_size: int = arg(4, "retrieval: prompts generated together")
-    out: str = arg("runs/eval", "retrieval: output directory (written atomically)")
+    batch_size: int = arg(4, "retrieval and lm-eval: prompts run together")
+    lm_eval: str = arg("", "lm-evaluation-harness tasks instead of --task, comma-separated: the offline local "
+                           "tasks " + ", ".join(LOCAL_HARNESS_TASKS) + " or any harness task name (hub "
+                           "datasets need network); needs pip install 'tcal[eval]'")
+    lm_eval_limit: int | None = arg(None, "lm-eval: samples per task, the first N (default: all)")
+    lm_eval_data: str = arg("shakespeare:eval", "lm-eval: held-out text the local tasks are built from (an "
+                                                "evaluation split that nothing else reads)")
+    out: str = arg("runs/eval", "retrieval and lm-eval: output directory (written atomically)")
     progress: bool = arg(True, "progress bars")
     dtype: str = arg("float32", "float32 or bfloat16")
 
@@ -53,6 +67,11 @@ def run(cfg: EvalConfig) -> dict:
     from tcal.evaluate import perplexity_report
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
+    if cfg.lm_eval.strip():
+        return run_lm_eval(cfg)
+    if cfg.task.strip() == "list":
+        print(task_list())
+        return {"tasks": {"ppl": ["ppl"], "retrieval": list(RETRIEVAL_TASKS), "lm_eval": list(LOCAL_HARNESS_TASKS)}}
     if cfg.task != "ppl":
         return run_retrieval(cfg)
     model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
@@ -136,4 +155,111 @@ def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
              "| task | " + " | ".join(f"{n:,}" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]
     lines += [f"| {t} | " + " | ".join(f"{acc[(t, n)]:.2f}" for n in lengths) + " |" for t in tasks]
+    return "\n".join(lines) + "\n"
+
+
+def task_list() -> str:
+    return "\n".join([
+        "ppl            held-out perplexity (--data, --window, --windows)",
+        "niah           every retrieval task below (--lengths, --samples, --haystack, --out)",
+        "retrieval:     " + ", ".join(RETRIEVAL_TASKS),
+        "lm-eval local: " + ", ".join(LOCAL_HARNESS_TASKS) + " (offline, from --lm-eval-data; --lm-eval "
+        + ",".join(LOCAL_HARNESS_TASKS) + ")",
+        "lm-eval:       any lm-evaluation-harness task name via --lm-eval (pip install 'tcal[eval]'; "
+        "`lm-eval ls tasks` lists them; hub datasets need network)",
+    ])
+
+
+def _check_lm_eval(cfg: EvalConfig):
+    """Every lm-eval argument, before the model loads: (output directory, harness plan)."""
+    from tcal.evaluate.harness import plan
+    from tcal.utils.atomic import check_out
+    from tcal.utils.errors import TcalError
+
+    if cfg.task != "ppl":
+        raise TcalError(f"pass either --task ({cfg.task}) or --lm-eval ({cfg.lm_eval}), not both")
+    out = check_out(cfg.out, "eval", cfg.overwrite)
+    if cfg.batch_size < 1:
+        raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.lm_eval_limit is not None and cfg.lm_eval_limit < 1:
+        raise TcalError(f"--lm-eval-limit must be at least 1 sample per task, got {cfg.lm_eval_limit}")
+    return out, plan(cfg.lm_eval, limit=cfg.lm_eval_limit, source=cfg.lm_eval_data, seed=cfg.seed)
+
+
+def run_lm_eval(cfg: EvalConfig) -> dict:
+    import json
+    import logging
+    import shutil
+
+    from tcal.data.teachers import load_teacher
+    from tcal.evaluate.harness import LOCAL_TASKS, harness_lm, run_task
+    from tcal.train.checkpoint import partial_dir
+    from tcal.utils.atomic import atomic_dir, write_json, written_files
+    from tcal.utils.errors import TcalError
+    from tcal.utils.runtime import resolve_device, resolve_dtype
+
+    out, harness_plan = _check_lm_eval(cfg)
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its INFO lines drown the table (-v shows them)
+    model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
+    if tokenizer is None:
+        raise TcalError(f"{cfg.model} has no tokenizer; the harness reads and writes text: save one with the model")
+    settings = {k: getattr(cfg, k) for k in ("model", "lm_eval_limit", "lm_eval_data", "seed", "dtype")}
+    settings["lm_eval"] = harness_plan.tasks
+    # a finished task is reused only for the same text: the file behind --lm-eval-data may change
+    settings["lm_eval_data_sha256"] = next((spec["metadata"]["source_sha256"] for spec in harness_plan.specs.values()
+                                            if isinstance(spec, dict)), None)
+    partial = partial_dir(out)
+    state_file = partial / "lm_eval.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if state.get("settings") != settings:
+        state = {"settings": settings, "tasks": {}}
+    partial.mkdir(parents=True, exist_ok=True)
+    lm = None
+    for task in harness_plan.tasks:
+        if task in state["tasks"]:
+            continue
+        lm = lm or harness_lm(model, tokenizer, batch_size=cfg.batch_size)
+        state["tasks"][task] = run_task(lm, harness_plan, task)
+        write_json(state_file, state)
+        res = state["tasks"][task]
+        got = ", ".join(f"{r['metric']} {r['value']:.4g}" for r in res["rows"] if r["value"] is not None)
+        print(f"{task}: {got} ({res['seconds']:.0f} s)", flush=True)
+    done = [state["tasks"][t] for t in harness_plan.tasks]
+    rows = [r for d in done for r in d["rows"]]
+    table = lm_eval_markdown(cfg, done, local=[t for t in harness_plan.tasks if t in LOCAL_TASKS])
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "lm_eval.json", {
+            "settings": settings, "rows": rows, "lm_eval_version": done[0]["lm_eval_version"],
+            "tasks": {d["task"]: {k: d[k] for k in ("results", "configs", "versions", "n-samples", "seconds")}
+                      for d in done}})
+        write_json(tmp / "lm_eval_samples.json", {d["task"]: d["samples"] for d in done})
+        (tmp / "lm_eval.md").write_text(table)
+        write_json(tmp / "tcal_config.json", {"stage": "eval", **dataclasses.asdict(cfg)})
+    shutil.rmtree(partial, ignore_errors=True)
+    print(table)
+    print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
+    return {"tasks": harness_plan.tasks, "rows": rows}
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def lm_eval_markdown(cfg: EvalConfig, done, local) -> str:
+    secs = sum(d["seconds"] for d in done)
+    limit = f"the first {cfg.lm_eval_limit}" if cfg.lm_eval_limit else "all"
+    lines = [f"# lm-evaluation-harness: {cfg.model}", "",
+             f"- lm_eval {done[0]['lm_eval_version']}, each task's own prompt and few-shot setting; samples per "
+             f"task: {limit}"]
+    if local:
+        lines.append(f"- local tasks ({', '.join(local)}) built offline from `{cfg.lm_eval_data}`, seed {cfg.seed}: "
+                     f"held-out text that no calibration, perplexity or training run reads")
+    lines += [f"- wall time {secs:.0f} s (the harness's runs, model loading excluded)", "",
+              "| task | metric | value | stderr | samples |", "|---|---|---:|---:|---:|"]
+    for d in done:
+        for r in d["rows"]:
+            metric = r["metric"] if r["filter"] in ("none", "") else f"{r['metric']} ({r['filter']})"
+            lines.append(f"| {r['task']} | {metric} | {_fmt(r['value'])} | {_fmt(r['stderr'])} | "
+                         f"{r['samples'] if r['samples'] is not None else '-'} |")
     return "\n".join(lines) + "\n"
