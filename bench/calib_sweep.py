@@ -49,7 +49,10 @@ def job_sets() -> dict[str, list[dict]]:
     mix = [dict(keep="50", method=m, calib="mix", budget="16k") for m in ("phase2", "tes", "tes-seq", "tes-seq-kl")]
     curve = [dict(keep="50", method=m, calib="mix", budget=b) for b in ("1m", "256k", "64k", "4k", "1k")
              for m in ("phase2", "tes-seq", "tes-seq-kl")]
-    return {"methods16": methods16, "mix": mix, "methods1": methods1, "curve": curve,
+    # every combination, largest budgets first; pick a slice with --methods/--keeps/--budgets/--calibs
+    grid = [dict(keep=k, method=m, calib=c, budget=b) for b in reversed(BUDGETS) for k in KEEP for c in CALIB
+            for m in METHODS]
+    return {"grid": grid, "methods16": methods16, "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
 
@@ -137,6 +140,9 @@ def run_step(args) -> None:
         want = getattr(args, key + "s")
         if want:
             jobs = [j for j in jobs if j[key] in want.split(",")]
+    if args.small_first:
+        order = list(BUDGETS)
+        jobs = sorted(jobs, key=lambda j: order.index(j["budget"]))
     jobs = jobs[args.worker :: args.workers]
     tokens = Path(args.tokens)
     teacher, _ = load_teacher("smollm2-135m", device=device)
@@ -181,6 +187,7 @@ def main() -> None:
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")
     for key in ("method", "keep", "budget", "calib"):
         r.add_argument(f"--{key}s", default="", help=f"only jobs with these {key}s (comma list)")
+    r.add_argument("--small-first", action="store_true", help="smallest budgets first")
     r.add_argument("--deadline-min", type=float, default=0, help="start no job after this many minutes")
     args = p.parse_args()
     tokens_step(args) if args.step == "tokens" else run_step(args)

@@ -13,6 +13,8 @@
 #   speed          bench/hybrid_speed.py at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
 #   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
 #   select-timing  bench/select_policies.py on the real teacher (K = 8, 15; wall time per policy)
+#   sweep          bench/calib_sweep.py workers on the GPU (SWEEP_JOBS, SWEEP_WORKERS, SWEEP_MINUTES, SWEEP_ARGS)
+#   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,11 +80,16 @@ for step in "$@"; do
       python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
       for w in $(seq 0 $((n - 1))); do
         OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
-          --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" \
+          --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" ${SWEEP_ARGS:-} \
           > "$OUT/sweep-$w.log" 2>&1 &
       done
       wait
       grep -h . "$OUT"/sweep-*.jsonl | python3 -c "import sys, json; [print(r.get('method'), r.get('keep'), r.get('budget'), r.get('calib'), {k: round(v, 2) for k, v in (r.get('ppl') or {}).items()}, round(r.get('wall_s', 0)), r.get('error', '')) for r in map(json.loads, sys.stdin)]" ;;
+    calib-speed)
+      # Taylor-Calibrate wall time at the Qwen2.5-1.5B shape (random weights), CALIB_LAYERS deep (0 = all 28)
+      python3 bench/calib_speed.py --shape qwen2.5-1.5b --keep uniform:25% --windows "${CALIB_WINDOWS:-128}" \
+        --window 512 --init "${CALIB_INIT:-taylor}" --num-layers "${CALIB_LAYERS:-0}" --json "$OUT/calib_speed.json" \
+        2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

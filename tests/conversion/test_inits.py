@@ -19,16 +19,17 @@ from tcal.utils.errors import TcalError
 
 KEEP = [0, 2]
 
-# name -> (calibrated, phase1, phase2, zero_gate)
+# name -> (calibrated, phase1, phase2, zero_gate, align, kl)
 BUILTINS = {
-    "copy": (False, None, False, False),
-    "zero-gate": (False, None, False, True),
-    "phase1": (True, "reference", False, False),
-    "phase1-exact": (True, "exact", False, False),
-    "phase2": (True, None, True, False),
-    "taylor": (True, "reference", True, False),
-    "taylor-exact": (True, "exact", True, False),
-    "taylor-exact-silent": (True, "exact-silent", True, False),
+    "copy": (False, None, False, False, "local", False),
+    "zero-gate": (False, None, False, True, "local", False),
+    "phase1": (True, "reference", False, False, "local", False),
+    "phase1-exact": (True, "exact", False, False, "local", False),
+    "phase2": (True, None, True, False, "local", False),
+    "taylor-reference": (True, "reference", True, False, "local", False),
+    "taylor": (True, "exact-silent", True, False, "local", True),
+    "taylor-exact": (True, "exact", True, False, "local", False),
+    "taylor-exact-silent": (True, "exact-silent", True, False, "local", False),
 }
 
 
@@ -40,7 +41,7 @@ def test_import_tcal_lists_every_builtin_without_torch():
     code = (
         "import json, sys\n"
         "import tcal\n"
-        "specs = {n: [s.calibrated, s.phase1, s.phase2, s.zero_gate, s.apply is None, bool(s.summary)]\n"
+        "specs = {n: [s.calibrated, s.phase1, s.phase2, s.zero_gate, s.align, s.kl, s.apply is None, bool(s.summary)]\n"
         "         for n, s in tcal.INITS.items()}\n"
         "assert 'torch' not in sys.modules, 'import tcal imported torch'\n"
         "print(json.dumps(specs))\n"
@@ -56,17 +57,21 @@ def test_import_tcal_lists_every_builtin_without_torch():
 
 def test_builtin_spec_fields():
     assert tcal.INITS is INITS and tcal.InitSpec is InitSpec and tcal.register_init is register_init
-    for name, (calibrated, phase1, phase2, zero_gate) in BUILTINS.items():
+    for name, fields in BUILTINS.items():
         spec = INITS[name]
         assert isinstance(spec, InitSpec) and spec.name == name and get_init(name) is spec
-        assert (spec.calibrated, spec.phase1, spec.phase2, spec.zero_gate, spec.apply) == (
-            calibrated, phase1, phase2, zero_gate, None), name
+        assert (spec.calibrated, spec.phase1, spec.phase2, spec.zero_gate, spec.align, spec.kl, spec.apply) == (
+            *fields, None), name
         assert spec.summary and "\n" not in spec.summary
     assert get_init(INITS["taylor"]) is INITS["taylor"]
     with pytest.raises(TcalError, match="unknown init 'magic'; choose one of copy, zero-gate"):
         get_init("magic")
     with pytest.raises(TcalError, match="must be calibrated=True"):
         InitSpec("bad", "Phase 1 without calibration", phase1="exact")
+    with pytest.raises(TcalError, match="must be calibrated=True"):
+        InitSpec("bad", "a KL stage without calibration", kl=True)
+    with pytest.raises(TcalError, match="align must be one of local, sequential, residual"):
+        InitSpec("bad", "unknown fit", calibrated=True, phase2=True, align="global")
 
 
 def test_parse_inits():

@@ -109,6 +109,12 @@ def test_check_disjoint():
     for data in ("wiki", "wiki:eval"):
         with pytest.raises(TcalError, match="overlaps|contains the evaluation"):
             check_disjoint(data, "wiki:eval")
+    # mixtures (calibration) and lists (evaluation): every pair is checked
+    check_disjoint("wiki:calib+shakespeare:calib", "wiki:eval,shakespeare:eval,sotu:eval")
+    with pytest.raises(TcalError, match="'shakespeare:eval' overlaps the evaluation data 'shakespeare:eval'"):
+        check_disjoint("wiki:calib+shakespeare:eval", "wiki:eval,shakespeare:eval")
+    with pytest.raises(TcalError, match="'sotu' overlaps"):
+        check_disjoint("wiki:calib+sotu", "wiki:eval,sotu:eval")
 
 
 # ---------------------------------------------------------------- real built-ins (PyPI)

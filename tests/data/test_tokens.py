@@ -5,7 +5,10 @@ from helpers import DATA_WORDS as WORDS, word_tokenizer
 import torch
 
 from tcal.data.corpora import Corpus
-from tcal.data.tokens import corpus_tokens, encode_documents, separator_id, token_windows, tokenizer_id, window_starts
+from tcal.data.tokens import (
+    corpus_tokens, encode_documents, mixed_windows, mixture_parts, separator_id, token_windows, tokenizer_id,
+    window_starts,
+)
 from tcal.utils.errors import TcalError
 
 
@@ -75,3 +78,22 @@ def test_separator_encode_and_window_starts(tok):
     assert [len(d) for d in encode_documents(tok, ["the cat", "a dog ran"])] == [2, 3]
     assert list(window_starts(10, None, window=4, stride=4, respect_docs=False)) == [0, 4]
     assert list(window_starts(10, None, window=4, stride=2, respect_docs=False)) == [0, 2, 4, 6]
+
+
+def test_mixed_windows_take_equal_shares_interleaved(tok, tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(" ".join(WORDS[:8] * 3))
+    b.write_text(" ".join(WORDS[8:] * 3))
+    spec = f"{a}+{b}"
+    assert mixture_parts(spec) == [str(a), str(b)] and mixture_parts("wiki:calib") == ["wiki:calib"]
+    assert mixture_parts(str(a)) == [str(a)]
+    w = mixed_windows(spec, tok, window=3, n_windows=5)
+    wa, wb = token_windows(str(a), tok, window=3, n_windows=3), token_windows(str(b), tok, window=3, n_windows=2)
+    assert torch.equal(w, torch.stack([wa[0], wb[0], wa[1], wb[1], wa[2]]))  # a, b, a, b, a
+    assert torch.equal(mixed_windows(str(a), tok, window=3, n_windows=2), wa[:2])
+    with pytest.raises(TcalError, match="cannot mix 2 corpora"):
+        mixed_windows(spec, tok, window=3, n_windows=1)
+    with pytest.raises(TcalError, match="empty or repeated part"):
+        mixture_parts(f"{a}+{a}")
+    with pytest.raises(TcalError, match="tokens"):  # a budget larger than one part: its token count is named
+        mixed_windows(spec, tok, window=3, n_windows=400)

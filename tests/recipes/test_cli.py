@@ -60,7 +60,7 @@ def test_convert_copy_writes_a_loadable_checkpoint(workspace, capsys):
     assert isinstance(model, tcal.HybridForCausalLM) and model.config.attention_layers == [0, 2]
     # tcal eval on the saved hybrid reproduces the report's number (same protocol, same weights)
     rep = run_eval(EvalConfig(model=str(out), data=str(workspace / "eval.txt"), window=32, windows=4, device="cpu"))
-    assert rep["ppl"] == pytest.approx(report["eval"]["hybrid"]["ppl"], rel=1e-6)
+    assert rep["ppl"] == pytest.approx(report["eval"]["hybrid"][str(workspace / "eval.txt")]["ppl"], rel=1e-6)
 
 
 def test_convert_taylor_with_policy(workspace):

@@ -59,3 +59,24 @@ def test_calibrate_runs_the_kl_stage_after_phase2():
                     kl=KLConfig(steps=4, eval_every=2))
     assert set(rec) >= {"phase1", "phase2", "kl"} and rec["kl"]["train_tokens"] == 6 * 16
     assert rec["kl"]["heldout_tokens"] == 2 * 16
+
+
+def test_a_non_finite_kl_stops_the_stage_and_restores_the_best_state(caplog):
+    teacher = tiny_teacher("llama", **CFG)
+    hybrid = build_hybrid(teacher, [0])
+    train, held = ids(4), ids(2, seed=1)
+    start = mean_kl(hybrid, teacher, held, 4)
+    gdn = hybrid.gdn_modules()[1]
+    calls = {"n": 0}
+
+    def poison(_m, _a, out):  # the third training forward returns NaN
+        calls["n"] += 1
+        if calls["n"] == 3 and torch.is_grad_enabled():
+            return (out[0] * float("nan"), *out[1:])
+    handle = gdn.register_forward_hook(poison)
+    with caplog.at_level("WARNING"):
+        rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=10, lr=1e-3, eval_every=100, patience=None))
+    handle.remove()
+    assert rec["steps_run"] < 10 and "non-finite KL" in caplog.text
+    after = mean_kl(hybrid, teacher, held, 4)
+    assert after == pytest.approx(start, rel=1e-5)  # no held-out check ran: the start state is the best one

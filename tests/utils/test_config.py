@@ -49,11 +49,41 @@ def test_shared_field_groups():
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
     assert names(TeacherArgs) == ["teacher"] and TeacherArgs().teacher == "smollm2-135m"
     assert names(DeviceArgs) == ["device"] and DeviceArgs().device == "auto"
-    assert names(CalibArgs) == ["calib", "calib_window", "calib_windows", "align_steps"]
-    assert (CalibArgs().calib, CalibArgs().calib_window, CalibArgs().calib_windows, CalibArgs().align_steps) == (
-        "wiki:calib", 256, 4, 300)
+    assert names(CalibArgs) == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps"]
+    assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
+            CalibArgs().align_steps) == ("wiki:calib", "auto", None, None, None)
     assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "wiki:eval"
     assert names(GDNArgs) == ["use_short_conv", "output_gate"]
     assert (GDNArgs().use_short_conv, GDNArgs().output_gate) == (False, True)
     _, ns = parse(GDNArgs, ["--use-short-conv", "--no-output-gate"])
     assert from_args(GDNArgs, ns) == GDNArgs(use_short_conv=True, output_gate=False)
+
+
+def test_calibration_budget_follows_the_device_and_explicit_flags_win():
+    from tcal.utils.config import CALIB_BUDGETS
+    from tcal.utils.errors import TcalError
+
+    ref_kl = {"steps": 40, "batch_size": 3}
+    assert CalibArgs().budget("cpu") == ("reference", 4, 256, {"steps": 300}, ref_kl)  # the paper's on CPU
+    name, n, w, align, kl = CalibArgs().budget("cuda:0")
+    assert (name, n, w) == ("large", CALIB_BUDGETS["large"]["windows"], 512) and align["batch_size"] == 16
+    assert kl == {"steps": 100, "batch_size": 8}
+    assert CalibArgs(calib_budget="reference").budget("cuda") == ("reference", 4, 256, {"steps": 300}, ref_kl)
+    assert CalibArgs(calib_windows=8, calib_window=64, align_steps=5, kl_steps=2).budget("cpu") == (
+        "reference", 8, 64, {"steps": 5}, {"steps": 2, "batch_size": 3})
+    big = CalibArgs(calib_budget="large", align_steps=7).budget("cpu")[3]
+    assert big["steps"] == 7 and CALIB_BUDGETS["large"]["align"]["steps"] == 300  # the preset itself is not edited
+    for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),
+                dict(calib_budget="huge")):
+        with pytest.raises(TcalError):
+            CalibArgs(**bad).check_calib()
+
+
+def test_eval_lists_several_domains_and_refuses_repeats():
+    from tcal.utils.errors import TcalError
+
+    assert EvalArgs(eval="wiki:eval, sotu:eval").eval_list() == ["wiki:eval", "sotu:eval"]
+    assert EvalArgs(eval="some text\nwith, a comma").eval_list() == ["some text\nwith, a comma"]  # raw text
+    for bad in ("wiki:eval,wiki:eval", "wiki:eval,,sotu:eval"):
+        with pytest.raises(TcalError, match="empty or repeated"):
+            EvalArgs(eval=bad).check_eval()

@@ -9,6 +9,7 @@ from tcal.conversion.inits import InitSpec, get_init
 from tcal.taylor.kl_stage import KLConfig
 from tcal.taylor.phase2 import AlignConfig
 from tcal.taylor.pipeline import Calibration, calibrate, prepare
+from tcal.utils.config import CALIB_BUDGETS
 from tcal.utils.errors import TcalError
 
 
@@ -29,10 +30,7 @@ def stage_configs(spec: InitSpec, align: AlignConfig | None, kl: KLConfig | None
     schedule...) with the init's own choice of how Phase 2 fits the layers."""
     inputs, target = ALIGN_INPUTS[spec.align]
     align = dataclasses.replace(align or AlignConfig(), inputs=inputs, target=target)
-    return align, ((kl or KLConfig(steps=KL_STEPS)) if spec.kl else None)
-
-
-KL_STEPS = 100  # the KL stage's default length; early stopping on held-out KL usually ends it sooner
+    return align, ((kl or KLConfig(**CALIB_BUDGETS["reference"]["kl"])) if spec.kl else None)
 
 
 def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration | torch.Tensor | None = None, *,

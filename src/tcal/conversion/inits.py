@@ -78,10 +78,13 @@ for _spec in (
     InitSpec("phase1-exact", "copy + exact Phase 1 (targets realised exactly, output-space least squares)",
              calibrated=True, phase1="exact"),
     InitSpec("phase2", "copy + Phase 2 only (layer-local alignment)", calibrated=True, phase2=True),
-    InitSpec("taylor", "the paper's recipe: reference Phase 1 + Phase 2", calibrated=True, phase1="reference",
-             phase2=True),
-    InitSpec("taylor-exact", "exact Phase 1 + Phase 2", calibrated=True, phase1="exact", phase2=True),
-    InitSpec("taylor-exact-silent", "exact decay and write gate, near-silent output gate, + Phase 2",
+    InitSpec("taylor-reference", "the paper's recipe: reference Phase 1 + layer-local Phase 2", calibrated=True,
+             phase1="reference", phase2=True),
+    InitSpec("taylor", "tcal's best Taylor-Calibrate: exact decay and write gate, near-silent output gate, "
+             "layer-local Phase 2, then a short whole-model KL stage on the calibration tokens", calibrated=True,
+             phase1="exact-silent", phase2=True, kl=True),
+    InitSpec("taylor-exact", "exact Phase 1 + layer-local Phase 2", calibrated=True, phase1="exact", phase2=True),
+    InitSpec("taylor-exact-silent", "exact decay and write gate, near-silent output gate, + layer-local Phase 2",
              calibrated=True, phase1="exact-silent", phase2=True),
 ):
     register_init(_spec)

@@ -16,18 +16,24 @@ from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, OutArgs, TeacherA
 
 log = logging.getLogger("tcal")
 
-BASELINES = ("copy", "zero-gate", "phase1", "phase2", "taylor")
-OURS = "taylor-exact-silent"
+BASELINES = ("copy", "zero-gate", "phase1", "phase2", "taylor-reference")
+OURS = "taylor"
+CPU_ALIGN_STEPS = 60
+CPU_KL_STEPS = 10
 
 
 @dataclass
 class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, niah:K; K a count or K%)")
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
-    align_steps: int = arg(150, "Phase 2 AdamW steps per layer (reference: 300; 150 keeps the default run "
-                                "within 15 minutes on 2 CPU cores)")
-    eval_windows: int = arg(16, "evaluation windows (the first N, non-overlapping; 64 is the full protocol, 16 "
-                                "keeps the default run within 15 minutes on 2 CPU cores)")
+    align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, which keeps the "
+                                        "default run within 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
+    kl_steps: int | None = arg(None, "KL-stage steps (taylor; default: 10 on CPU, for the same reason; the "
+                                     "budget's 100 on a GPU)")
+    eval: str = arg("wiki:eval,shakespeare:eval,sotu:eval", "held-out evaluation domains, comma-separated (each "
+                                                            "is reported on its own; none may overlap --calib)")
+    eval_windows: int = arg(8, "evaluation windows per domain (the first N, non-overlapping; 64 is the full "
+                               "protocol, 8 keeps the default run within 15 minutes on 2 CPU cores)")
     out: str = arg("runs/ablate", "output directory (written atomically)")
     seed: int = arg(0, "seed of the random parts of every init")
     progress: bool = arg(True, "progress bars")
@@ -38,6 +44,7 @@ def _check(cfg: AblateConfig):
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
     out = check_out(cfg.out, "ablate", cfg.overwrite)
@@ -46,7 +53,8 @@ def _check(cfg: AblateConfig):
     cfg.check_calib()
     cfg.check_eval()
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    as_corpus(cfg.calib), as_corpus(cfg.eval)
+    for spec in mixture_parts(cfg.calib) + cfg.eval_list():
+        as_corpus(spec)
     return out, inits
 
 
@@ -59,6 +67,7 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.data.tokens import token_windows
     from tcal.evaluate import perplexity_report
     from tcal.report.plots import plot_ablation
+    from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
     from tcal.taylor.pipeline import prepare
     from tcal.utils.atomic import atomic_dir, write_json, written_files
@@ -66,8 +75,12 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.utils.runtime import resolve_device
 
     out, inits = _check(cfg)
-    align = AlignConfig(steps=cfg.align_steps)
     device = resolve_device(cfg.device)
+    budget, calib_windows, calib_window, align_kw, kl_kw = cfg.budget(device)
+    if device == "cpu":  # the default run stays within 15 minutes on 2 CPU cores
+        align_kw["steps"] = CPU_ALIGN_STEPS if cfg.align_steps is None else cfg.align_steps
+        kl_kw["steps"] = CPU_KL_STEPS if cfg.kl_steps is None else cfg.kl_steps
+    align, kl = AlignConfig(**align_kw), KLConfig(**kl_kw)
     t_start = time.perf_counter()
     teacher, tok = load_teacher(cfg.teacher, device=device)
     if tok is None:
@@ -77,19 +90,22 @@ def run(cfg: AblateConfig) -> dict:
                         progress=cfg.progress)
     keep = sel.layers
     gdn_layers = [i for i in range(L) if i not in keep]
-    eval_ids = token_windows(cfg.eval, tok, window=cfg.eval_window, n_windows=cfg.eval_windows)
+    domains = cfg.eval_list()
+    eval_ids = {d: token_windows(d, tok, window=cfg.eval_window, n_windows=cfg.eval_windows) for d in domains}
 
     def ppl(model) -> dict:
-        r = perplexity_report(model, tok, eval_ids, progress=cfg.progress)
-        return {"ppl": r["ppl"], "seconds": r["seconds"]}
+        by = {d: perplexity_report(model, tok, ids, progress=cfg.progress) for d, ids in eval_ids.items()}
+        return {"ppl": by[domains[0]]["ppl"], "ppl_by_domain": {d: r["ppl"] for d, r in by.items()},
+                "seconds": sum(r["seconds"] for r in by.values())}
 
     teacher_eval = ppl(teacher)
-    log.info("teacher PPL %.3f on %s (%d x %d)", teacher_eval["ppl"], cfg.eval, cfg.eval_windows, cfg.eval_window)
+    log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], cfg.eval_windows, cfg.eval_window)
     calibration, stats_s = None, 0.0
     if any(get_init(i).calibrated for i in inits):
         t0 = time.perf_counter()
-        ids = calibration_ids(cfg.calib, tok, cfg.calib_window, cfg.calib_windows)
-        calibration = prepare(teacher, ids, gdn_layers, heldout_frac=align.heldout_frac, progress=cfg.progress)
+        ids = calibration_ids(cfg.calib, tok, calib_window, calib_windows)
+        calibration = prepare(teacher, ids, gdn_layers, heldout_frac=align.heldout_frac,
+                              max_heldout=align.heldout_max_sequences, progress=cfg.progress)
         stats_s = time.perf_counter() - t0
 
     rows = []
@@ -97,13 +113,15 @@ def run(cfg: AblateConfig) -> dict:
         log.info("init %s", init)
         spec = get_init(init)
         options = {"calib_ids": calibration, "align": align, "progress": cfg.progress} if spec.calibrated else {}
+        if spec.kl:
+            options["kl"] = kl
         t0 = time.perf_counter()
         conv = convert_with_record(teacher, keep, init, seed=cfg.seed, **options)
         convert_s = time.perf_counter() - t0
         res = ppl(conv.hybrid)
         detail = conv.record.get("detail", {})
         rows.append({
-            "init": init, "ppl": res["ppl"], "convert_s": convert_s,
+            "init": init, "ppl": res["ppl"], "ppl_by_domain": res["ppl_by_domain"], "convert_s": convert_s,
             "per_layer_s": convert_s / len(gdn_layers), "phase_seconds": _phase_seconds(detail),
             "heldout_fit": _heldout_fit(detail),
         })
@@ -113,14 +131,16 @@ def run(cfg: AblateConfig) -> dict:
     for r in rows:
         r["copy_over_init"] = copy_ppl / r["ppl"] if copy_ppl else None
     result = {
-        "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"], "keep": keep, "gdn_layers": gdn_layers,
+        "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"],
+        "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "keep": keep, "gdn_layers": gdn_layers,
         "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
-        "calibration": {"data": cfg.calib, "windows": cfg.calib_windows, "window": cfg.calib_window,
+        "calibration": {"data": cfg.calib, "windows": calib_windows, "window": calib_window, "budget": budget,
+                        "align": align_kw, "kl": kl_kw,
                         **(calibration.record() if calibration is not None else {}),
                         "role": "teacher statistics, Phase 1 and Phase 2 training on the first 75% of the "
                                 "sequences; the last 25% only pick Phase 2's best state"},
-        "evaluation": {"data": cfg.eval, "windows": cfg.eval_windows, "window": cfg.eval_window,
-                       "role": "held-out perplexity only; disjoint from the calibration split"},
+        "evaluation": {"data": cfg.eval, "domains": domains, "windows": cfg.eval_windows, "window": cfg.eval_window,
+                       "role": "held-out perplexity only, each domain on its own; disjoint from the calibration text"},
         "stats_s": stats_s, "stats_per_layer_s": stats_s / len(gdn_layers), "device": device,
         "rows": rows, "total_s": time.perf_counter() - t_start,
     }
@@ -145,6 +165,8 @@ def _phase_seconds(detail: dict) -> dict:
         secs = [s for s in secs if isinstance(s, (int, float))]
         if secs:
             out[phase] = sum(secs)
+    if isinstance((detail.get("kl") or {}).get("wall_s"), (int, float)):
+        out["kl"] = detail["kl"]["wall_s"]
     return out
 
 
@@ -160,27 +182,32 @@ def ablation_markdown(res: dict) -> str:
     from tcal.report.plots import fmt_ppl
 
     frac = res["converted_fraction"]
-    cal = res["calibration"]
+    cal, ev = res["calibration"], res["evaluation"]
+    domains = ev.get("domains") or [ev["data"]]
+    teacher = res.get("teacher_ppl_by_domain") or {domains[0]: res["teacher_ppl"]}
     lines = [
         f"## Ablation: {res['teacher']}, {len(res['gdn_layers'])}/{len(res['gdn_layers']) + len(res['keep'])} "
         f"layers converted ({frac:.0%}), attention kept at {res['keep']}",
         "",
         f"- calibration: `{cal['data']}`, {cal['windows']} x {cal['window']} tokens ({cal['role']})",
-        f"- evaluation: `{res['evaluation']['data']}`, first {res['evaluation']['windows']} x "
-        f"{res['evaluation']['window']} tokens ({res['evaluation']['role']})",
-        f"- teacher PPL {res['teacher_ppl']:.2f}; capture + statistics {res['stats_s']:.1f} s "
-        f"({res['stats_per_layer_s']:.2f} s/layer) on {res['device']}",
+        f"- evaluation: {', '.join(f'`{d}`' for d in domains)}, first {ev['windows']} x {ev['window']} tokens of "
+        f"each ({ev['role']})",
+        f"- teacher PPL {', '.join(f'{teacher[d]:.2f} ({d})' for d in domains)}; capture + statistics "
+        f"{res['stats_s']:.1f} s ({res['stats_per_layer_s']:.2f} s/layer) on {res['device']}",
         "",
-        "| init | held-out PPL | copy / init | x teacher | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | convert s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| init | " + " | ".join(f"{d} PPL | x teacher" for d in domains) +
+        " | copy / init | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | KL stage s | convert s |",
+        "|---|" + "---:|---:|" * len(domains) + "---:|---:|---:|---:|---:|---:|",
     ]
     n = len(res["gdn_layers"])
     for r in res["rows"]:
         ps = r["phase_seconds"]
+        by = r.get("ppl_by_domain") or {domains[0]: r["ppl"]}
         cos = f"{r['heldout_fit']:.3f}" if r["heldout_fit"] is not None else "-"
+        cells = " | ".join(f"{fmt_ppl(by[d])} | {by[d] / teacher[d]:.2f}" for d in domains)
         lines.append(
-            f"| {r['init']} | {fmt_ppl(r['ppl'])} | {r['copy_over_init']:.1f}x | {r['ppl'] / res['teacher_ppl']:.1f} | "
-            f"{cos} | {_fmt_s(ps.get('phase1'), n)} | {_fmt_s(ps.get('phase2'), n)} | {r['convert_s']:.1f} |"
+            f"| {r['init']} | {cells} | {r['copy_over_init']:.1f}x | {cos} | {_fmt_s(ps.get('phase1'), n)} | "
+            f"{_fmt_s(ps.get('phase2'), n)} | {_fmt_s(ps.get('kl'), 1)} | {r['convert_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 

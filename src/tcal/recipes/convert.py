@@ -17,7 +17,7 @@ KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy "
 @dataclass
 class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceArgs):
     keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28", KEEP_HELP)
-    init: str = arg("taylor-exact-silent", "initialisation of the GDN layers: " + ", ".join(INITS) +
+    init: str = arg("taylor", "initialisation of the GDN layers: " + ", ".join(INITS) +
                     " (docs/method.md says what each does)")
     out: str = arg("runs/convert", "output directory (written atomically)")
     dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
@@ -33,6 +33,7 @@ def run(cfg: ConvertConfig) -> Path:
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.teachers import load_teacher
     from tcal.evaluate import perplexity_report
+    from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.runtime import resolve_device, resolve_dtype
@@ -49,26 +50,30 @@ def run(cfg: ConvertConfig) -> Path:
     if evaluate:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
-        eval_corpus = as_corpus(cfg.eval)  # read once for both models
+        eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
     device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
+    budget, windows, window, align, kl = cfg.budget(device)
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
-        calib_window=cfg.calib_window, calib_windows=cfg.calib_windows, progress=True,
+        calib_window=window, calib_windows=windows, progress=True,
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
-        **({"align": AlignConfig(steps=cfg.align_steps)} if spec.calibrated else {}),
+        **({"align": AlignConfig(**align)} if spec.calibrated else {}),
+        **({"kl": KLConfig(**kl)} if spec.kl else {}),
     )
     hybrid, record = conv.hybrid, conv.record
     timings["convert_s"] = time.perf_counter() - t0
     report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
-              "calibration": record.get("calibration")}
+              "calibration": record.get("calibration") and {**record["calibration"], "budget": budget, "align": align,
+                                                                 **({"kl": kl} if spec.kl else {})}}
     if evaluate:
         report["eval"] = {
-            name: perplexity_report(model, tokenizer, eval_corpus, window=cfg.eval_window, windows=cfg.eval_windows)
+            name: {d: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows)
+                   for d, corpus in eval_corpora.items()}
             for name, model in (("teacher", teacher), ("hybrid", hybrid))
         }
     stats = record["detail"].get("statistics")
@@ -81,8 +86,8 @@ def run(cfg: ConvertConfig) -> Path:
         (tmp / "report.md").write_text(convert_markdown(cfg, report))
         if stats is not None:
             write_json(tmp / "teacher_stats.json", stats)
-    for name, r in report.get("eval", {}).items():
-        print(f"{name}: held-out PPL {r['ppl']:.2f} on {cfg.eval}")
+    for name, by in report.get("eval", {}).items():
+        print(f"{name}: held-out PPL " + ", ".join(f"{r['ppl']:.2f} on {d}" for d, r in by.items()))
     print(f"wrote {cfg.out}: {len(hybrid.config.gdn_layers)} GDN layers, attention kept at "
           f"{hybrid.config.attention_layers}; files: {', '.join(written_files(out))}")
     return out
@@ -100,8 +105,10 @@ def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
     if report.get("eval"):
         lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
                      f"first {cfg.eval_windows} x {cfg.eval_window} tokens")
-        lines += ["", "| model | held-out PPL |", "|---|---:|"]
-        lines += [f"| {name} | {r['ppl']:.2f} |" for name, r in report["eval"].items()]
+        domains = cfg.eval_list()
+        lines += ["", "| model | " + " | ".join(f"{d} PPL" for d in domains) + " |", "|---|" + "---:|" * len(domains)]
+        lines += [f"| {name} | " + " | ".join(f"{by[d]['ppl']:.2f}" for d in domains) + " |"
+                  for name, by in report["eval"].items()]
     lines += ["", "| stage | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
     return "\n".join(lines) + "\n"

@@ -125,8 +125,10 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.data.streams import eval_windows_for
+    from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
     from tcal.train.checkpoint import load_model, save_model
+    from tcal.utils.runtime import model_device
     from tcal.utils.atomic import write_json
 
     converted, info_file = work / f"{init}.converted", work / f"{init}.init.json"
@@ -137,9 +139,11 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     kw = {}
     if spec.calibrated:
         # the first windows of --calib: a corpus (tokenised), a .npy token file or a token pool
+        _, _, _, align, kl = cfg.budget(str(model_device(teacher)))
         calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
-        kw = {"calib_ids": calib_ids,
-              "align": AlignConfig(steps=cfg.align_steps), "progress": cfg.progress}
+        kw = {"calib_ids": calib_ids, "align": AlignConfig(**align), "progress": cfg.progress}
+        if spec.kl:
+            kw["kl"] = KLConfig(**kl)
     t1 = time.time()
     torch.manual_seed(cfg.seed)
     conv = convert_with_record(teacher, keep, init, seed=cfg.seed, use_short_conv=cfg.use_short_conv,

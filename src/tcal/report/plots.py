@@ -94,19 +94,29 @@ def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None 
 
 
 def plot_ablation(res: dict, path, baselines=()) -> None:
-    """Held-out PPL per init (log scale); ``baselines`` are drawn grey, the other inits blue."""
+    """PPL / teacher PPL per init and held-out domain (log scale); baselines hatched, the others solid."""
     names = [r["init"] for r in res["rows"]]
-    vals = [r["ppl"] for r in res["rows"]]
-    fig = _figure((1.2 * len(names) + 2, 3.8))
+    domains = res["evaluation"].get("domains") or [res["evaluation"]["data"]]
+    teacher = res.get("teacher_ppl_by_domain") or {domains[0]: res["teacher_ppl"]}
+    width = 0.8 / len(domains)
+    fig = _figure((1.3 * len(names) + 2, 4.0))
     ax = fig.subplots()
-    ax.bar(names, vals, color=["tab:gray" if n in baselines else "tab:blue" for n in names])
-    ax.axhline(res["teacher_ppl"], color="k", ls="--", lw=0.8, label=f"teacher {res['teacher_ppl']:.1f}")
+    for j, d in enumerate(domains):
+        vals = [(r.get("ppl_by_domain") or {domains[0]: r["ppl"]})[d] / teacher[d] for r in res["rows"]]
+        xs = [i + (j - (len(domains) - 1) / 2) * width for i in range(len(names))]
+        bars = ax.bar(xs, vals, width, label=f"{d} (teacher {teacher[d]:.1f})", color=f"C{j}", edgecolor="white")
+        for bar, name in zip(bars, names):
+            if name in baselines:
+                bar.set_hatch("//")
+        for x, v in zip(xs, vals):
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=6)
+    ax.axhline(1.0, color="k", ls="--", lw=0.8)
     ax.set_yscale("log")
-    ax.set_ylabel(f"held-out PPL ({res['evaluation']['data']})")
-    ax.set_title(f"{res['teacher']}: {res['converted_fraction']:.0%} of layers converted, zero-shot")
-    for i, v in enumerate(vals):
-        ax.text(i, v, fmt_ppl(v), ha="center", va="bottom", fontsize=8)
-    ax.legend()
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("held-out PPL / teacher PPL")
+    ax.set_title(f"{res['teacher']}: {res['converted_fraction']:.0%} of layers converted, zero-shot "
+                 "(hatched: baselines)")
+    ax.legend(fontsize=7)
     for label in ax.get_xticklabels():
         label.set_rotation(20)
         label.set_horizontalalignment("right")

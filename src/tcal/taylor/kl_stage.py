@@ -10,6 +10,7 @@ was given (on those sequences).
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from tqdm.auto import tqdm
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.taylor.phase2 import lr_factor
 from tcal.utils.errors import TcalError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,10 +106,15 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 with torch.no_grad():
                     ht = final_hidden(base_t, mb)
                 hs = final_hidden(base_s, mb)
+                # recomputing the logits in the backward only pays when they would not fit: below
+                # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
+                big = mb.numel() * head_s.weight.shape[0] > 2**28
                 loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s,
-                                                   ht.reshape(-1, ht.shape[-1]), head_t)
+                                                   ht.reshape(-1, ht.shape[-1]), head_t, use_checkpoint=big)
                 if not math.isfinite(kl):
-                    break  # the best state so far is restored below
+                    log.warning("KL stage: non-finite KL at step %d; restored the best state (step %d) and stopped",
+                                step, best_step)
+                    break
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip:

@@ -71,22 +71,58 @@ class OutArgs:
                                  "are replaced; any other file there is kept)")
 
 
+# Named calibration budgets: how many tokens Taylor-Calibrate reads and how Phase 2 steps over
+# them. "reference" is the paper's (4 x 256 tokens, 300 full-batch steps); "large" spends the
+# tokens a GPU makes cheap (minibatches, a cosine schedule, held-out checks every 5 steps).
+CALIB_BUDGETS = {
+    "reference": dict(windows=4, window=256, align=dict(steps=300), kl=dict(steps=40, batch_size=3)),
+    "large": dict(windows=512, window=512,
+                  align=dict(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10),
+                  kl=dict(steps=100, batch_size=8)),
+}
+
+
 @dataclasses.dataclass
 class CalibArgs:
-    calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only); disjoint from --eval")
-    calib_window: int = arg(256, "calibration sequence length in tokens (reference: 256)")
-    calib_windows: int = arg(4, "calibration sequences, the first N windows (reference: 4); Phase 2 holds out "
-                                "the last quarter to pick its best state")
-    align_steps: int = arg(300, "Phase 2 AdamW steps per layer (reference: 300)")
+    calib: str = arg("wiki:calib", "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal "
+                                   "shares, interleaved); disjoint from --eval")
+    calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
+                                    "large (512 x 512, minibatches of 16, cosine schedule), or auto (reference on "
+                                    "CPU, large on a GPU); --calib-window/--calib-windows/--align-steps override it",
+                            choices=("auto", *CALIB_BUDGETS))
+    calib_window: int | None = arg(None, "calibration sequence length in tokens (default: the budget's)")
+    calib_windows: int | None = arg(None, "calibration sequences, the first N windows (default: the budget's); "
+                                          "Phase 2 holds out the last quarter to pick its best state")
+    align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: the budget's, 300)")
+    kl_steps: int | None = arg(None, "KL-stage steps of the inits that have one, e.g. taylor (default: the "
+                                     "budget's, 40 reference / 100 large)")
 
     def check_calib(self) -> None:
-        if self.calib_window < 2:
+        if self.calib_window is not None and self.calib_window < 2:
             raise TcalError(f"--calib-window must be at least 2 tokens, got {self.calib_window}")
-        if self.calib_windows < 2:
+        if self.calib_windows is not None and self.calib_windows < 2:
             raise TcalError(f"--calib-windows must be at least 2 (Phase 2 holds out the last quarter), "
                             f"got {self.calib_windows}")
-        if self.align_steps < 0:
+        if self.align_steps is not None and self.align_steps < 0:
             raise TcalError(f"--align-steps must be >= 0, got {self.align_steps}")
+        if self.kl_steps is not None and self.kl_steps < 0:
+            raise TcalError(f"--kl-steps must be >= 0, got {self.kl_steps}")
+        if self.calib_budget not in ("auto", *CALIB_BUDGETS):
+            raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
+
+    def budget(self, device: str) -> tuple[str, int, int, dict, dict]:
+        """(budget name, windows, window, AlignConfig keywords, KLConfig keywords) on ``device``
+        (cpu, cuda, cuda:N)."""
+        name = self.calib_budget
+        if name == "auto":
+            name = "reference" if str(device).startswith("cpu") else "large"
+        b = CALIB_BUDGETS[name]
+        align, kl = dict(b["align"]), dict(b["kl"])
+        if self.align_steps is not None:
+            align["steps"] = self.align_steps
+        if self.kl_steps is not None:
+            kl["steps"] = self.kl_steps
+        return (name, self.calib_windows or b["windows"], self.calib_window or b["window"], align, kl)
 
 
 @dataclasses.dataclass
@@ -95,7 +131,15 @@ class EvalArgs:
     eval_window: int = arg(512, "evaluation window length in tokens")
     eval_windows: int = arg(64, "evaluation windows: the first N, non-overlapping (64 x 512 is the full protocol)")
 
+    def eval_list(self) -> list[str]:
+        """``--eval a,b,c`` -> [a, b, c]: every table reports each of these held-out domains."""
+        specs = [s.strip() for s in self.eval.split(",")] if "," in self.eval and "\n" not in self.eval else [self.eval]
+        return specs
+
     def check_eval(self) -> None:
+        specs = self.eval_list()
+        if any(not s for s in specs) or len(set(specs)) != len(specs):
+            raise TcalError(f"--eval {self.eval!r} has an empty or repeated domain; e.g. --eval wiki:eval,sotu:eval")
         if self.eval_window < 2:
             raise TcalError(f"--eval-window must be at least 2 tokens, got {self.eval_window}")
         if self.eval_windows < 1:
