@@ -3,7 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tcal.train.schedule import crossed, eval_due, lr_at, warmup_steps
+from tcal.train.schedule import crossed, eval_due, warmup_steps
+from tcal.utils.schedule import lr_at
 
 
 def test_schedule_and_eval_points():

@@ -29,6 +29,7 @@ from tcal.modules.gdn import GatedDeltaNet
 from tcal.taylor.capture import LayerIO
 from tcal.taylor.layer_fit import gdn_device_dtype, layer_output, output_fit
 from tcal.utils.errors import TcalError
+from tcal.utils.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,9 @@ SCHEDULES = ("constant", "cosine")
 
 def lr_factor(step: int, steps: int, schedule: str, warmup: int) -> float:
     """Learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up, then constant or
-    cosine decay to 10 % (not to 0: the last steps still move the weights the best state may pick)."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant" or steps <= warmup + 1:
-        return 1.0
-    progress = (step - warmup) / (steps - warmup - 1)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    cosine decay that reaches 10 % at the last step (not 0: the last steps still move the weights
+    the best state may pick)."""
+    return lr_at(step, peak=1.0, total_steps=steps - 1, warmup=warmup, schedule=schedule, min_ratio=0.1)
 
 
 def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter], list[str]]:

@@ -1,4 +1,5 @@
-"""Learning-rate schedule and the token counts at which a run evaluates or checkpoints."""
+"""Warm-up length and the token counts at which a run evaluates or checkpoints (the learning rate
+itself: :func:`tcal.utils.schedule.lr_at`)."""
 from __future__ import annotations
 
 import math
@@ -7,17 +8,6 @@ import math
 def warmup_steps(cfg, total_steps: int, tokens_per_step: int) -> int:
     w = cfg.warmup * total_steps if cfg.warmup < 1 else cfg.warmup / tokens_per_step
     return min(total_steps, int(math.ceil(w)))
-
-
-def lr_at(step: int, *, peak: float, total_steps: int, warmup: int, schedule: str, min_ratio: float) -> float:
-    """Learning rate of update ``step`` (0-based): linear warm-up to ``peak``, then constant or cosine."""
-    if warmup > 0 and step < warmup:
-        return peak * (step + 1) / warmup
-    if schedule == "constant":
-        return peak
-    span = max(1, total_steps - warmup)
-    p = min(1.0, (step - warmup) / span)
-    return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * p)))
 
 
 def crossed(before: int, after: int, every: int) -> bool:

@@ -22,15 +22,16 @@ from tqdm import tqdm
 
 from tcal import ops
 from tcal.evaluate import window_ppl
+from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
-from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train.sampler import WindowOrder, batch_for_step
-from tcal.train.schedule import crossed, eval_due, lr_at, warmup_steps
+from tcal.train.schedule import crossed, eval_due, warmup_steps
 from tcal.utils.atomic import atomic_dir, write_json
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import autocast, peak_memory, resolve_device, rng_state, seed_everything, set_rng_state
+from tcal.utils.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
