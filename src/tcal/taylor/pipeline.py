@@ -163,8 +163,7 @@ def student_layer_io(hybrid, calibration: Calibration, layer: int, target: str, 
 def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_size: int = 4,
                     progress: bool = False) -> dict[int, dict]:
     """Phase 2 one layer at a time, bottom-up: on the teacher's inputs (``align.inputs ==
-    "teacher"``; the same fit as :func:`align_layers`, with one layer's activations in memory at a
-    time) or on the hybrid's own (``"student"``)."""
+    "teacher"``, from the capture or, lazy, captured now) or on the hybrid's own (``"student"``)."""
     records = {}
     layers = sorted(hybrid.gdn_modules())
     bar = layers
@@ -222,10 +221,8 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
             raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
         record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
                                         progress=progress, **phase1_switches)
-    if phase2 and (align.inputs == "student" or calibration.lazy):
+    if phase2:
         record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress)
-    elif phase2:
-        record["phase2"] = align_layers(hybrid, calibration.train(), calibration.heldout(), align, progress=progress)
     if kl is not None and kl.steps:
         record["kl"] = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
                                 calibration.ids[calibration.heldout_rows], kl, progress=progress)
