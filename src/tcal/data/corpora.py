@@ -69,7 +69,8 @@ def check_disjoint(data, eval_spec, role: str = "training") -> None:
     """
     if not isinstance(data, str) or not isinstance(eval_spec, str):
         return
-    parts, eparts = _spec_list(data, "+"), _spec_list(eval_spec, ",")
+    parts = [p for p in spec_parts(data, "+") if p]
+    eparts = [p for p in spec_parts(eval_spec, ",") if p]
     if len(parts) > 1 or len(eparts) > 1:
         for d in parts:
             for e in eparts:
@@ -84,10 +85,12 @@ def check_disjoint(data, eval_spec, role: str = "training") -> None:
 
 
 
-def _spec_list(spec: str, sep: str) -> list[str]:
-    """A mixture (``a+b``) or a list (``a,b``) of built-in names -> its parts; anything else -> [spec]."""
-    if sep in spec and "\n" not in spec and not spec.startswith("text:") and not os.path.exists(spec):
-        return [p.strip() for p in spec.split(sep) if p.strip()]
+def spec_parts(spec, sep: str) -> list:
+    """A mixture (``a+b``) or a list (``a,b``) of corpus specs -> its parts, stripped (empty ones
+    kept, for the caller to refuse); raw text, ``text:...`` and an existing path -> [spec]."""
+    if (isinstance(spec, str) and sep in spec and "\n" not in spec and not spec.startswith("text:")
+            and not os.path.exists(spec)):
+        return [p.strip() for p in spec.split(sep)]
     return [spec]
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from tcal.data.corpora import as_corpus
+from tcal.data.corpora import as_corpus, spec_parts
 from tcal.utils.atomic import atomic_save_npy
 from tcal.utils.cache import cache_root
 from tcal.utils.errors import TcalError
@@ -183,10 +182,8 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
 
 def mixture_parts(data) -> list:
     """``"wiki:calib+shakespeare:calib"`` -> its parts; anything else (a path that exists included) -> [data]."""
-    if not isinstance(data, str) or "+" not in data or "\n" in data or data.startswith("text:") or Path(data).exists():
-        return [data]
-    parts = [p.strip() for p in data.split("+")]
-    if any(not p for p in parts) or len(set(parts)) != len(parts):
+    parts = spec_parts(data, "+")
+    if len(parts) > 1 and (any(not p for p in parts) or len(set(parts)) != len(parts)):
         raise TcalError(f"corpus mixture {data!r} has an empty or repeated part; e.g. wiki:calib+sotu:calib")
     return parts
 
