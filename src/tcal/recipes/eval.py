@@ -82,14 +82,12 @@ def run(cfg: EvalConfig) -> dict:
 
 
 def run_retrieval(cfg: EvalConfig) -> dict:
-    import json
     import time
 
     from tcal.data.corpora import as_corpus
     from tcal.data.teachers import load_teacher
     from tcal.evaluate.niah import check_lengths, niah_details
     from tcal.report.plots import plot_niah
-    from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
@@ -110,12 +108,7 @@ def run_retrieval(cfg: EvalConfig) -> dict:
         raise TcalError(f"{cfg.model} has no tokenizer; retrieval reads and writes text: save one with the model")
     lengths = check_lengths(model, lengths)
     settings = {k: getattr(cfg, k) for k in ("model", "lengths", "samples", "seed", "haystack")}
-    partial = partial_dir(out)
-    state_file = partial / "niah.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    if state.get("settings") != settings:
-        state = {"settings": settings, "cells": {}}
-    partial.mkdir(parents=True, exist_ok=True)
+    partial, state_file, state = _resume(out, "niah.json", settings, "cells")
     for task in tasks:
         for n in lengths:
             key = f"{task}@{n}"
@@ -187,13 +180,11 @@ def _check_lm_eval(cfg: EvalConfig):
 
 
 def run_lm_eval(cfg: EvalConfig) -> dict:
-    import json
     import logging
     import shutil
 
     from tcal.data.teachers import load_teacher
     from tcal.evaluate.harness import LOCAL_TASKS, harness_lm, run_task
-    from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import atomic_dir, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
@@ -209,12 +200,7 @@ def run_lm_eval(cfg: EvalConfig) -> dict:
     # a finished task is reused only for the same text: the file behind --lm-eval-data may change
     settings["lm_eval_data_sha256"] = next((spec["metadata"]["source_sha256"] for spec in harness_plan.specs.values()
                                             if isinstance(spec, dict)), None)
-    partial = partial_dir(out)
-    state_file = partial / "lm_eval.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    if state.get("settings") != settings:
-        state = {"settings": settings, "tasks": {}}
-    partial.mkdir(parents=True, exist_ok=True)
+    partial, state_file, state = _resume(out, "lm_eval.json", settings, "tasks")
     lm = None
     for task in harness_plan.tasks:
         if task in state["tasks"]:
@@ -240,6 +226,22 @@ def run_lm_eval(cfg: EvalConfig) -> dict:
     print(table)
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return {"tasks": harness_plan.tasks, "rows": rows}
+
+
+def _resume(out, name: str, settings: dict, key: str):
+    """(OUT.partial, its state file, the state): the finished ``key`` entries of an interrupted run
+    with the same settings, or none."""
+    import json
+
+    from tcal.train.checkpoint import partial_dir
+
+    partial = partial_dir(out)
+    state_file = partial / name
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if state.get("settings") != settings:
+        state = {"settings": settings, key: {}}
+    partial.mkdir(parents=True, exist_ok=True)
+    return partial, state_file, state
 
 
 def _fmt(x) -> str:
