@@ -101,3 +101,8 @@ def story_text(sentences: int = 400, seed: int = 0) -> str:
         last = rng.choice(recent[-4:-1]) if len(recent) > 3 and rng.random() < 0.7 else rng.choice(rare)
         out.append(" ".join(body + [last]) + ".")
     return " ".join(out)
+
+
+def gdn_state(hybrid) -> dict:
+    """A copy of every GDN layer's weights, keyed "layer.param" (to compare two calibrations)."""
+    return {f"{i}.{k}": v.clone() for i, m in hybrid.gdn_modules().items() for k, v in m.state_dict().items()}

@@ -6,6 +6,7 @@ from helpers import tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
 from tcal.taylor.kl_stage import KLConfig, kl_stage, mean_kl
+from tcal.taylor.phase2 import AlignConfig
 from tcal.taylor.pipeline import calibrate
 from tcal.utils.errors import TcalError
 
@@ -46,8 +47,7 @@ def test_kl_stage_needs_heldout_sequences_and_valid_settings():
     with pytest.raises(TcalError, match="held-out"):
         kl_stage(hybrid, teacher, ids(4), ids(4)[:0], KLConfig(steps=2))
     with pytest.raises(TcalError, match="held-out"):
-        calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2),
-                  align=__import__("tcal.taylor.phase2", fromlist=["AlignConfig"]).AlignConfig(heldout_frac=0.0))
+        calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2), align=AlignConfig(heldout_frac=0.0))
     for bad in (dict(steps=-1), dict(lr=0.0), dict(lr=float("nan")), dict(batch_size=0), dict(patience=0)):
         with pytest.raises(TcalError):
             KLConfig(**bad)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_teacher
+from helpers import gdn_state, tiny_teacher
 
 from tcal.conversion.convert import convert_with_record
 from tcal.conversion.surgery import build_hybrid
@@ -19,10 +19,6 @@ CFG = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layer
 
 def calib_ids(n=4, t=12, seed=0):
     return torch.randint(0, CFG["vocab_size"], (n, t), generator=torch.Generator().manual_seed(seed))
-
-
-def gdn_state(hybrid):
-    return {f"{i}.{k}": v.clone() for i, m in hybrid.gdn_modules().items() for k, v in m.state_dict().items()}
 
 
 def test_split_calibration():

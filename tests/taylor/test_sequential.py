@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_teacher
+from helpers import gdn_state, tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
 from tcal.taylor.capture import capture_layer_input, capture_teacher_io
@@ -17,10 +17,6 @@ CFG = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layer
 
 def ids(n=4, t=12, seed=0):
     return torch.randint(0, CFG["vocab_size"], (n, t), generator=torch.Generator().manual_seed(seed))
-
-
-def gdn_state(hybrid):
-    return {f"{i}.{k}": v.clone() for i, m in hybrid.gdn_modules().items() for k, v in m.state_dict().items()}
 
 
 def test_capture_stops_early_and_keeps_the_residual_stream():
