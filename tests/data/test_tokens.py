@@ -91,6 +91,9 @@ def test_mixed_windows_take_equal_shares_interleaved(tok, tmp_path):
     wa, wb = token_windows(str(a), tok, window=3, n_windows=3), token_windows(str(b), tok, window=3, n_windows=2)
     assert torch.equal(w, torch.stack([wa[0], wb[0], wa[1], wb[1], wa[2]]))  # a, b, a, b, a
     assert torch.equal(mixed_windows(str(a), tok, window=3, n_windows=2), wa[:2])
+    from tcal.data.streams import eval_windows_for  # what tcal recover reads --calib with
+
+    assert torch.equal(eval_windows_for(spec, tok, 3, 5)[0], w)
     with pytest.raises(TcalError, match="cannot mix 2 corpora"):
         mixed_windows(spec, tok, window=3, n_windows=1)
     with pytest.raises(TcalError, match="empty or repeated part"):

@@ -134,3 +134,32 @@ def test_decode_step_equals_forward_on_one_token(conv, qk_norm, gate, packed):
     assert_close(state_buf, want_state, 1e-5, "state written in place")
     if conv:
         assert_close(conv_buf, want_conv, 1e-6, "conv window written in place")
+
+
+@pytest.mark.parametrize("conv,qk_norm,gate", [(False, False, True), (True, True, False), (True, False, True)])
+@pytest.mark.parametrize("split", [2, 9])  # a second prompt chunk shorter and longer than the conv window
+def test_packed_prefill_continues_forward_with_padding(conv, qk_norm, gate, split):
+    """prefill_packed on a left-padded prompt, in two calls carrying the conv window and the state, equals
+    one eager forward: outputs, the final state and the window, all written in place."""
+    gdn = layer(use_short_conv=conv, qk_norm=qk_norm, output_gate=gate, qkv_bias=True)
+    with torch.no_grad():
+        for p in (gdn.a_proj.weight, gdn.b_proj.weight, gdn.b_proj.bias, gdn.q_proj.bias):
+            p.normal_(0, 0.5)
+    x = torch.randn(2, 14, 32)
+    keep = torch.ones(2, 14)
+    keep[1, :3] = 0  # row 1 is left-padded by 3
+    first = 14 - split
+    with torch.no_grad():
+        o, want_state, want_conv = gdn.recurrent(x, keep, output_final_state=True)
+        want = gdn.mix(x, o)
+        state = torch.zeros_like(want_state)
+        window = torch.zeros(2, 3 * 16, gdn.shape.conv_size - 1) if conv else None
+        ptrs = state.data_ptr(), window.data_ptr() if conv else None
+        packed = gdn.packed_weights()
+        got = torch.cat([gdn.prefill_packed(x[:, a:b], window, state, packed, keep[:, a:b])
+                         for a, b in ((0, first), (first, 14))], 1)
+    assert_close(got, want, 1e-5, "packed prefill vs forward")
+    assert_close(state, want_state, 1e-5, "state")
+    assert (state.data_ptr(), window.data_ptr() if conv else None) == ptrs
+    if conv:
+        assert_close(window, want_conv, 1e-6, "conv window")

@@ -50,12 +50,12 @@ def test_recover_resume_reuses_the_saved_conversion(assets, tmp_path, monkeypatc
     import tcal.conversion.convert
     import tcal.train.trainer
 
-    def cfg_for(out):
+    def cfg_for(out, keep_init=False):
         return RecoverConfig(teacher=str(assets / "teacher"), keep="0,2", inits="taylor", tokens=2 * TPS,
                              data=str(assets / "train.npy"), out=str(out), calib=str(assets / "train.npy"),
                              calib_window=16, calib_windows=4, align_steps=3, eval=str(assets / "eval.npy"),
                              eval_window=32, eval_windows=2, seq_len=SEQ, batch_size=BATCH, eval_every=TPS,
-                             kl_chunk=32, progress=False)
+                             kl_chunk=32, progress=False, keep_init=keep_init)
 
     whole = run(cfg_for(tmp_path / "whole"))
     out = tmp_path / "killed"
@@ -66,15 +66,22 @@ def test_recover_resume_reuses_the_saved_conversion(assets, tmp_path, monkeypatc
     real_distill = tcal.train.trainer.distill  # recover.run imports it when it starts
     monkeypatch.setattr(tcal.train.trainer, "distill", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        run(cfg_for(out))
+        run(cfg_for(out, keep_init=True))
     assert (partial_dir(out) / "taylor.converted" / "model.safetensors").is_file()
     monkeypatch.setattr(tcal.train.trainer, "distill", real_distill)
     monkeypatch.setattr(tcal.conversion.convert, "convert_with_record",
                         lambda *a, **k: pytest.fail("calibrated again on resume"))
-    cfg = cfg_for(out)
+    cfg = cfg_for(out, keep_init=True)
     cfg.resume = True
     resumed = run(cfg)
     assert resumed["status"] == "done" and not (out / "taylor.converted").exists()
+    # --keep-init: the weights before training stay, loadable, and differ from the trained ones
+    from tcal.train.checkpoint import load_model
+
+    init, trained = load_model(out / "taylor-init"), load_model(out / "taylor")
+    diffs = [float((a - b).abs().max()) for (n, a), (_, b) in zip(init.state_dict().items(), trained.state_dict().items())
+             if ".self_attn." in n]
+    assert max(diffs) > 0 and not (tmp_path / "whole" / "taylor-init").exists()
     for key in ("zero_shot_ppl", "final_ppl"):  # the saved conversion is the same model, trained the same way
         assert resumed["runs"]["taylor"][key] == pytest.approx(whole["runs"]["taylor"][key], rel=1e-5)
 
@@ -87,7 +94,8 @@ def test_recover_config_maps_to_cli_flags_and_checks_arguments(tmp_path):
     assert (cfg.calib_window, cfg.calib_windows, cfg.eval_every) == (512, 32, 500_000)
     for over, message in (({"keep": "uniform:2"}, "is not a list of layer indices"),
                           ({"inits": "copy,copy"}, "lists an init twice"),
-                          ({"calib": "wiki:eval"}, "overlaps|contains the evaluation")):
+                          ({"calib": "wiki:eval"}, "overlaps|contains the evaluation"),
+                          ({"calib": "shakespeare:calib+wiki:eval"}, "overlaps|contains the evaluation")):
         kw = dict(data="shakespeare:calib", out=str(tmp_path / "r"), progress=False, **over)
         with pytest.raises(TcalError, match=message):
             run(RecoverConfig(**kw))

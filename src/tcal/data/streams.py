@@ -9,7 +9,7 @@ import torch
 
 from tcal.data import pool
 from tcal.data.corpora import as_corpus
-from tcal.data.tokens import corpus_tokens, token_windows, tokenizer_id
+from tcal.data.tokens import corpus_tokens, mixed_windows, tokenizer_id
 from tcal.utils.errors import TcalError
 
 
@@ -65,7 +65,8 @@ def eval_windows_for(data, tokenizer, window: int, windows: int, *, cache_dir=No
     if isinstance(data, str) and not _is_pool(Path(data).expanduser()) and not data.endswith(".npy"):
         if tokenizer is None:
             raise TcalError(f"evaluating on {data!r} needs a tokenizer; save one with the model")
-        return token_windows(data, tokenizer, window=window, n_windows=windows, cache_dir=cache_dir), data
+        # a mixture a+b (tcal recover --calib) interleaves its parts, as every other calibration does
+        return mixed_windows(data, tokenizer, window=window, n_windows=windows, cache_dir=cache_dir), data
     arr, info = load_token_stream(data, tokenizer, cache_dir=cache_dir)
     if arr.size < window * windows:
         raise TcalError(f"eval data {info['name']} has {arr.size} tokens, {windows} x {window} asked; "

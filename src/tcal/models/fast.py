@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tcal.modules.gdn import GatedDeltaNet
+from tcal.modules.gdn import GatedDeltaNet, prefill_inputs
+from tcal.modules.norms import head_norm
 from tcal.ops import fla_available
 from tcal.utils import compat
 from tcal.utils.errors import TcalError
@@ -205,6 +206,7 @@ class StaticHybridCache:
         self.length = 0  # host copy of pos
         self.packed: dict[int, dict] = {}
         self.fused = False
+        self.glue: dict | None = None  # compiled GDN prefill functions, set by FastDecoder during a prefill
 
     # the calls transformers' attention modules make on a cache
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -288,7 +290,9 @@ class FastDecoder:
         self.cuda_graphs, self.pack, self.fused = cuda_graphs, pack, fused
         # torch.compile only where a captured graph amortises it: the decode step on CUDA
         self.compile = compile and cuda_graphs
-        self._glue = None
+        self._glue: dict = {}
+        self._use_glue = False
+        self._use_prefill_glue = self.compile and pack
         self.max_len = max_len
         self.prefill_graph_max, self.prefill_graphs = prefill_graph_max, prefill_graphs
         compat.register_attention(ATTENTION, _static_attention)
@@ -394,16 +398,19 @@ class FastDecoder:
             c.valid[:, :T] = True
             position_ids = torch.arange(T, device=self.device)[None].expand(B, T)
             spec, keep = StaticAttention(None, T), None
-        logits = self._forward(ids, position_ids, spec, keep)
+        with self._compiled_glue("prefill"):
+            logits = self._forward(ids, position_ids, spec, keep)
         c.pos.fill_(T)
         return logits
 
-    def _glue_modules(self):
+    def _glue_modules(self, phase: str = "decode"):
         """(module, compiled forward) for the RMSNorms and SiLU MLPs: at one token their element-wise ops are
-        most of a decoder layer's kernels, and compiled each norm or SiLU-product is one."""
-        if self._glue is None:
-            norm = torch.compile(_rms_norm, dynamic=False)
-            silu_mul = torch.compile(_silu_mul, dynamic=False)
+        most of a decoder layer's kernels, and compiled each norm or SiLU-product is one. The decode step
+        has one shape (``dynamic=False``); prefills come in many lengths, so theirs may go dynamic."""
+        if phase not in self._glue:
+            dynamic = False if phase == "decode" else None
+            norm = torch.compile(_rms_norm, dynamic=dynamic)
+            silu_mul = torch.compile(_silu_mul, dynamic=dynamic)
             inner = self.model.model
             glue = []
             for mod in [inner.norm, *(m for l in inner.layers for m in (l.input_layernorm, l.post_attention_layernorm))]:
@@ -414,22 +421,32 @@ class FastDecoder:
                 act = getattr(getattr(mlp, "config", None), "hidden_act", None)
                 if act == "silu" and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
                     glue.append((mlp, functools.partial(_mlp_forward, silu_mul, mlp)))
-            self._glue = glue
-        return self._glue
+            self._glue[phase] = glue
+        return self._glue[phase]
 
     @contextlib.contextmanager
-    def _compiled_glue(self):
-        if not getattr(self, "_use_glue", False):
+    def _compiled_glue(self, phase: str = "decode"):
+        on = self._use_glue if phase == "decode" else self._use_prefill_glue
+        if not on:
             yield
             return
-        glue = self._glue_modules()
+        glue = self._glue_modules(phase)
         for mod, fn in glue:
             mod.forward = fn  # an instance attribute: the class's forward stays what everyone else calls
+        if phase == "prefill":
+            self.cache.glue = self._gdn_prefill_glue()
         try:
             yield
         finally:
             for mod, _ in glue:
                 del mod.forward
+            self.cache.glue = None
+
+    def _gdn_prefill_glue(self) -> dict:
+        """Compiled ``prefill_inputs`` / ``head_norm`` for the GDN layers' packed prefill."""
+        if "gdn" not in self._glue:
+            self._glue["gdn"] = {"inputs": torch.compile(prefill_inputs), "norm": torch.compile(head_norm)}
+        return self._glue["gdn"]
 
     def _decode_body(self) -> torch.Tensor:
         c = self.cache
@@ -467,12 +484,23 @@ class FastDecoder:
                                and bool(attention_mask[:, -1].all())):
                 raise TcalError("FastDecoder takes left padding only (each mask row 0...0 1...1); "
                                 "set tokenizer.padding_side = 'left'")
-        if self.cuda_graphs and T <= self.prefill_graph_max:
-            logits = self._graph_prefill(input_ids, attention_mask, padded)
-        else:
-            logits = self._prefill_body(input_ids, attention_mask, padded)
+        try:
+            logits = self._run_prefill(input_ids, attention_mask, padded)
+        except Exception as e:  # compiling is an optimisation: prefill with the modules as they are
+            if not self._use_prefill_glue:
+                raise
+            log.warning("FastDecoder could not compile the prefill's element-wise work (%s: %s); "
+                        "prefilling without it", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self._use_prefill_glue = False
+            self._prefill = {}
+            logits = self._run_prefill(input_ids, attention_mask, padded)
         self.cache.length = T
         return logits
+
+    def _run_prefill(self, input_ids, attention_mask, padded):
+        if self.cuda_graphs and input_ids.shape[1] <= self.prefill_graph_max:
+            return self._graph_prefill(input_ids, attention_mask, padded)
+        return self._prefill_body(input_ids, attention_mask, padded)
 
     def _graph_prefill(self, ids, mask, padded):
         key = (ids.shape, padded)
@@ -483,6 +511,8 @@ class FastDecoder:
             try:
                 graph, out = self._capture(lambda: self._prefill_body(ids_buf, mask_buf, padded))
             except Exception as e:
+                if self._use_prefill_glue:  # maybe the compiled glue: prefill.__call__ retries without it
+                    raise
                 log.warning("FastDecoder could not capture the prefill (%s); prefilling without CUDA graphs",
                             type(e).__name__)
                 self.prefill_graph_max = 0

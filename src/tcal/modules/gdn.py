@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from tcal.modules.config import GDNShape
 from tcal.modules.conv import ShortConvolution, conv_step
-from tcal.modules.norms import HeadRMSNorm, l2norm
+from tcal.modules.norms import HeadRMSNorm, head_norm, l2norm
 from tcal.ops import fused_gdn_step, fused_gdn_step_available, gated_delta_rule, norm_gated_available, rms_norm_gated
 from tcal.utils import compat
 
@@ -26,6 +26,52 @@ def inverse_softplus(r) -> torch.Tensor:
     """softplus^-1(r) = r + log(-expm1(-r)) = log(exp(r) - 1), stable for small and large r > 0."""
     r = torch.as_tensor(r, dtype=torch.float32)
     return r + torch.log(-torch.expm1(-r))
+
+
+def prefill_inputs(
+    y: torch.Tensor,  # (B, T, 3 n (+ n) + 2 H): packed projections q k v (g) a b, n = H d
+    conv_window: torch.Tensor | None,  # (B, 3 n, W - 1): the last W - 1 conv inputs before this call
+    taps: torch.Tensor | None,  # (3 n, W) conv filters of q, k, v; None without short convs
+    keep: torch.Tensor | None,  # (B, T), 0 at padded positions
+    A_log: torch.Tensor,  # (H,)
+    dt_bias: torch.Tensor,  # (H,)
+    heads: int,
+    head_dim: int,
+    output_gate: bool,
+    qk_norms: tuple | None = None,  # (q weight, k weight, eps) with per-head q/k RMSNorm
+):
+    """Everything ``GatedDeltaNet.qkv`` and ``gates`` compute, from one packed projection: q, k
+    (l2-normalised) and v (B, T, H, d), g and beta (B, T, H) fp32, the output gate (B, T, H, d) or None,
+    and the new conv window (B, 3 n, W - 1) or None. The causal conv is a sum of W shifted products in fp32
+    rounded once, as ``conv_step`` does, so that compiled it fuses with the SiLU and the norms."""
+    B, T, _ = y.shape
+    H, d = heads, head_dim
+    n = H * d
+    qkv = y[..., : 3 * n]
+    if keep is not None:  # padded positions read as zeros, exactly like an unpadded start
+        qkv = qkv * keep[..., None].to(qkv.dtype)
+    window = None
+    if taps is not None:
+        W = taps.shape[-1]
+        full = torch.cat([conv_window.transpose(1, 2).to(qkv.dtype), qkv], dim=1)  # (B, W - 1 + T, 3 n)
+        acc = full[:, :T].float() * taps[:, 0].float()
+        for j in range(1, W):
+            acc = acc + full[:, j : j + T].float() * taps[:, j].float()
+        window = full[:, T:].transpose(1, 2)
+        qkv = acc.to(y.dtype)
+    qkv = F.silu(qkv).view(B, T, 3 * H, d)
+    q, k, v = qkv[:, :, :H], qkv[:, :, H : 2 * H], qkv[:, :, 2 * H :]
+    if qk_norms is not None:
+        wq, wk, eps = qk_norms
+        q, k = head_norm(q, None, wq, eps), head_norm(k, None, wk, eps)
+    gate = y[..., 3 * n : 4 * n].view(B, T, H, d) if output_gate else None
+    a, b = y[..., -2 * H : -H], y[..., -H:]
+    beta = torch.sigmoid(b.float())
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    if keep is not None:  # no decay and no write on padding: the state passes through untouched
+        g = g * keep[..., None]
+        beta = beta * keep[..., None]
+    return l2norm(q).contiguous(), l2norm(k).contiguous(), v.contiguous(), g, beta, gate, window
 
 
 class GatedDeltaNet(nn.Module):
@@ -156,13 +202,42 @@ class GatedDeltaNet(nn.Module):
         read as this call's initial state (zeros on a fresh cache, the same as no state) and overwritten
         in place, so the call can be captured in a CUDA graph and replayed."""
         conv_state, state = cache.gdn_state(self.layer_idx)
+        packed = cache.packed.get(self.layer_idx)
         if x.shape[1] == 1 and keep is None:
-            return self.decode_step(x, conv_state, state, cache.packed.get(self.layer_idx), cache.fused)
+            return self.decode_step(x, conv_state, state, packed, cache.fused)
+        if packed is not None:
+            return self.prefill_packed(x, conv_state, state, packed, keep, cache.fused, getattr(cache, "glue", None))
         o, new_state, new_conv = self.recurrent(x, keep, state, conv_state, output_final_state=True)
         state.copy_(new_state)
         if new_conv is not None:
             conv_state.copy_(new_conv)
         return self.mix(x, o)
+
+    def prefill_packed(self, x: torch.Tensor, conv_state: torch.Tensor | None, state: torch.Tensor, packed: dict,
+                       keep: torch.Tensor | None = None, fused: bool = False, glue: dict | None = None) -> torch.Tensor:
+        """A prompt (B, T, hidden) -> (B, T, hidden) through one packed projection GEMM, with conv_state and
+        state updated in place; computes what ``forward`` computes. ``glue`` may hold compiled copies of
+        ``prefill_inputs`` ("inputs") and ``head_norm`` ("norm"): the element-wise work between the GEMMs
+        and fla's kernel is then a few fused kernels instead of one launch per op over T x H x d."""
+        B, T, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        glue = glue or {}
+        y = F.linear(x, packed["weight"], packed["bias"])  # (B, T, P): q k v (g) a b
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.shape.qk_norm else None
+        q, k, v, g, beta, gate, window = glue.get("inputs", prefill_inputs)(
+            y, conv_state, packed["conv"], keep, self.A_log, self.dt_bias, H, d, self.shape.output_gate, norms)
+        o, new_state = gated_delta_rule(
+            q, k, v, g, beta, scale=d**-0.5, initial_state=state, output_final_state=True,
+            backend=self.shape.backend, chunk_size=self.shape.chunk_size,
+        )
+        state.copy_(new_state)
+        if window is not None:
+            conv_state.copy_(window)
+        if fused and gate is not None and norm_gated_available(x.device):
+            normed = rms_norm_gated(o, gate, self.o_norm.weight, self.o_norm.eps)
+        else:
+            normed = glue.get("norm", head_norm)(o, gate, self.o_norm.weight, self.o_norm.eps)
+        return self.o_proj(normed.reshape(B, T, -1))
 
     def _projections(self) -> list[nn.Linear]:
         lins = [self.q_proj, self.k_proj, self.v_proj]

@@ -11,6 +11,17 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x.float() * x.float()).sum(-1, keepdim=True) + eps).to(x.dtype)
 
 
+def head_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension times ``weight``, optionally gated by SiLU(gate): ``HeadRMSNorm`` as a
+    function of its weight, so the fast path can compile it."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    if gate is not None:
+        x = x * F.silu(gate.float())
+    return x.to(dtype)
+
+
 class HeadRMSNorm(nn.Module):
     """RMSNorm over the last (head) dimension, optionally gated by SiLU(gate)."""
 
@@ -20,11 +31,6 @@ class HeadRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        if gate is not None:
-            x = x * F.silu(gate.float())
-        return x.to(dtype)
+        return head_norm(x, gate, self.weight, self.eps)
 
 

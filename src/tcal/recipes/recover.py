@@ -45,6 +45,8 @@ class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs, OutArgs):
     schedule: str = arg("constant", "learning-rate schedule after the warm-up", choices=SCHEDULES)
     eval_every: int = arg(500_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
     eval_early: int = arg(6, "extra early evaluations at eval-every/2, /4, ... (this many)")
+    keep_init: bool = arg(False, "also keep each init's weights before training as OUT/<init>-init (a loadable "
+                                 "hybrid with its tokenizer), for zero-shot evaluation beside the trained one")
 
 
 def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConfig:
@@ -225,7 +227,14 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback) -> dict:
         del student
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        shutil.rmtree(work / f"{init}.converted", ignore_errors=True)  # the run's output holds the trained weights
+        converted = work / f"{init}.converted"
+        if cfg.keep_init and converted.is_dir():
+            if tokenizer is not None:
+                tokenizer.save_pretrained(converted)
+            shutil.rmtree(work / f"{init}-init", ignore_errors=True)
+            converted.rename(work / f"{init}-init")
+        else:
+            shutil.rmtree(converted, ignore_errors=True)  # the run's output holds the trained weights
         reports[init], init_info[init] = report, info
         print(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
               f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
