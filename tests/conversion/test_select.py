@@ -170,3 +170,20 @@ def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
     evaluation = make_samples("single", tok, 96, 2, seed=0, documents=[text])
     assert tok.decode(ids[0, :-n]) != tok.decode(tok(evaluation[0].prompt)["input_ids"])
     assert n >= 2 and ids.shape[1] <= 96 + n
+
+
+def test_ga_modules_take_the_layer_local_part_of_a_kl_init(monkeypatch):
+    """ga assembles students from per-layer modules, so an init with a whole-model KL stage (taylor) must
+    contribute its layer-local stages only: the modules would otherwise be tuned for two other layouts."""
+    import tcal.conversion.select as select
+
+    seen = []
+
+    def fake_initialise(hybrid, teacher, spec, calib, **kw):
+        seen.append(spec)
+        return {}
+
+    monkeypatch.setattr(select, "initialise", fake_initialise)
+    gdn_for_every_layer(tiny_teacher("llama"), "taylor", torch.zeros(2, 8, dtype=torch.long))
+    assert len(seen) == 2 and all(not s.kl and s.align == "local" and s.phase2 for s in seen)
+    assert seen[0].name == "taylor"

@@ -15,6 +15,7 @@ corpus) and cached by (teacher, data, protocol, init).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -25,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from tcal.conversion.initialise import initialise
+from tcal.conversion.inits import get_init
 from tcal.conversion.policy import parse_policy, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
@@ -99,13 +101,18 @@ def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, pr
 
     Calibration is teacher-forced and layer-local, so a layer's GDN does not depend on which
     other layers are converted: one hybrid keeping only layer 0 as attention covers layers
-    1..L-1, and one keeping every layer but 0 covers layer 0.
+    1..L-1, and one keeping every layer but 0 covers layer 0. An init whose later stages depend on
+    the layout (the whole-model KL stage, sequential Phase 2) contributes its layer-local part here:
+    the same init with layer-local Phase 2 and no KL stage.
     """
+    spec = get_init(init)
+    if spec.kl or spec.align != "local":
+        spec = dataclasses.replace(spec, kl=False, align="local")
     L = teacher.config.num_hidden_layers
     modules = {}
     for keep in ([0], list(range(1, L))):
         hybrid = build_hybrid(teacher, keep, seed=seed)
-        initialise(hybrid, teacher, init, calib_ids, progress=progress, **init_options)
+        initialise(hybrid, teacher, spec, calib_ids, progress=progress, **init_options)
         modules.update({i: m for i, m in hybrid.gdn_modules().items() if i not in modules})
     return modules
 
