@@ -8,6 +8,7 @@
 #   speed    all non-compiled rows at 2K/8K/32K + batched decode at 32K (B = 1, 8, 32)
 #   final    speed at 2K-64K + batched B up to 128, then teacher-compiled at 2K with a 2K-sized cache
 #   compiled the teacher's HF StaticCache + torch.compile row at 2K/8K/32K
+#   speed6   teacher eager/fast and hybrid fast at 2K-64K, batched decode at 32K up to the largest batch (max)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -36,6 +37,10 @@ for step in "$@"; do
       $B --contexts 2048,8192,32768,65536 --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast \
         --batch-sizes 1,8,32,64,128 --json "$OUT/hybrid_speed_final.json" 2>&1 | tail -34
       $B --contexts 2048 --rows teacher-compiled --compiled-cache context --json "$OUT/teacher_compiled_2k.json" 2>&1 | tail -3 ;;
+    speed6)
+      # the prefill glue compiled (packed GDN inputs, norms, SiLU-MLPs); batched decode up to each model's largest batch
+      $B --contexts 2048,8192,32768,65536 --rows teacher-eager,teacher-fast,hybrid-fast --batch-sizes 1,32,128,max \
+        --json "$OUT/speed6.json" 2>&1 | grep -v "it/s" | tail -30 ;;
     compiled)
       $B --contexts 2048,8192,32768 --rows teacher-compiled --json "$OUT/teacher_compiled.json" 2>&1 | tail -12 ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -19,6 +19,7 @@
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 #   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
 #   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
+#   bench          tcal bench at the Llama-3.2-3B shape and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
@@ -106,9 +107,10 @@ for step in "$@"; do
     recover50)
       # 50 % converted (attention kept at 0,2,...,28): copy vs the paper's recipe vs taylor, the same pool, order,
       # schedule and budget for each; both calibrated inits read the same 512 x 512 mixed calibration tokens.
+      # The calibrated inits go first: a conversion cannot pause, so it must not straddle a call's deadline.
       # --keep-init keeps each init's weights before training (the quality step scores both).
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-8000000}" \
-        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor-reference,taylor}" --run $R50 \
+        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-taylor,taylor-reference,copy}" --run $R50 \
         --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \
         --keep-init ;;
     quality)
@@ -120,6 +122,16 @@ for step in "$@"; do
       done
       python3 bench/quality_suite.py --models "$m" --device cuda --out "$OUT/quality" ${QUALITY_ARGS:-} 2>&1 \
         | grep -v "it/s\|Loading weights" | tail -60 ;;
+    bench)
+      # tcal bench: the Llama-3.2-3B shape (random weights, 75 % converted), then recover50's trained taylor
+      # hybrid (the real SmolLM2 conversion: fast == eager check, HF generate() vs FastDecoder.generate)
+      python3 -m tcal.cli bench --model llama-3.2-3b --keep uniform:25% --contexts 2048,8192,32768 \
+        --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast --batch-sizes 1,32,max --out /tmp/bench-llama \
+        --no-progress 2>&1 | grep -v "it/s" | tail -40
+      [ -d $R50/taylor ] && python3 -m tcal.cli bench --model $R50/taylor --contexts 512,2048,4096 \
+        --rows teacher-fast,hybrid-eager,hybrid-fast,generate --check --out /tmp/bench-smol --no-progress 2>&1 \
+        | grep -v "it/s" | tail -40
+      tar czf "$OUT/bench.tgz" -C /tmp $(cd /tmp && ls -d bench-llama bench-smol 2>/dev/null) ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
