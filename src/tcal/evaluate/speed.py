@@ -24,6 +24,7 @@ Weight values do not matter either, so a random-weight model at a real model's s
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import statistics
 import time
@@ -260,7 +261,7 @@ def measure_generate(model, ctx: int, new_tokens: int = 128, reps: int = 1, *, s
         return statistics.median(times), out[0, ctx:]
 
     hf_s, hf_out = timed(lambda: model.generate(ids, attention_mask=mask, generation_config=config))
-    fast_s, fast_out = timed(lambda: fast.generate(ids, new_tokens))
+    fast_s, fast_out = timed(functools.partial(fast.generate, ids, new_tokens))
     del fast
     _free(device)
     if hf_out.shape != fast_out.shape:
@@ -269,6 +270,10 @@ def measure_generate(model, ctx: int, new_tokens: int = 128, reps: int = 1, *, s
     return {"new_tokens": new_tokens, "hf_s": hf_s, "hf_tok_s": new_tokens / hf_s, "fast_s": fast_s,
             "fast_tok_s": new_tokens / fast_s, "speedup": hf_s / fast_s, "fast_build_s": build_s,
             "same_tokens": bool(same.all()), "first_diff": None if bool(same.all()) else int(same.argmin())}
+
+
+def _error_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def measure_row(name: str, model, ctx: int, *, decode_tokens: int = 128, reps: int = 3,
@@ -292,7 +297,7 @@ def measure_row(name: str, model, ctx: int, *, decode_tokens: int = 128, reps: i
     except torch.OutOfMemoryError:
         r = {"error": "out of memory"}
     except Exception as e:  # one failing row must not lose the others
-        r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+        r = {"error": _error_line(e)}
     _free(device)
     return {"model": name, "context": ctx, **r}
 
@@ -378,6 +383,26 @@ def max_batch(model, ctx: int, decode_tokens: int = 32, *, margin: float = 0.06,
         b = min(int(b * 0.9), b - 1)
     return {"batch": None, "context": ctx, "error": f"out of memory at every batch tried "
             f"({', '.join(str(a['batch']) for a in info['attempts']) or 'none: not one sequence fits'})", **info}
+
+
+def batched_row(name: str, model, ctx: int, batch: int | str, decode_tokens: int = 32,
+                fast_kw: dict | None = None) -> dict:
+    """One batched-decode cell of a fast row: ``{"model": name, "batch": ..., "context": ctx, ...}``;
+    ``batch`` a size or ``"max"`` (:func:`max_batch`, which also reports ``"requested": "max"``). Out of
+    memory or an exception is recorded as ``"error"``, as in :func:`measure_row`."""
+    fast_kw = fast_kw or {}
+    device = model_device(model)
+    try:
+        if batch == "max":
+            r = {"requested": "max", **max_batch(model, ctx, decode_tokens, **fast_kw)}
+        else:
+            r = measure_batched(model, ctx, int(batch), decode_tokens, **fast_kw)
+    except torch.OutOfMemoryError:
+        r = {"batch": batch, "context": ctx, "error": "out of memory"}
+    except Exception as e:
+        r = {"batch": batch, "context": ctx, "error": _error_line(e)}
+    _free(device)
+    return {"model": name, **r}
 
 
 # -- numerics and profile -----------------------------------------------------------------------------
