@@ -227,8 +227,11 @@ def plot_bench(rows: list[dict], path, *, title: str = "") -> str:
             pts = [(r["context"], r[key]) for r in mine if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=4, color=f"C{i}", label=name)
+    contexts = sorted({r["context"] for r in rows})
     for ax, label in ((decode, "decode (ms / token, batch 1)"), (prefill, "prefill (tokens / s, batch 1)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(contexts, [f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n) for n in contexts])
+        ax.minorticks_off()
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
