@@ -177,7 +177,7 @@ def measure_compiled(model, ctx: int, decode_tokens: int = 128, max_cache_len: i
         _sync(device)
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=_greedy_config(model, n),
-                             past_key_values=cache)
+                             **{compat.CACHE_KWARG: cache})
         _sync(device)
         if out.shape[1] != ctx + n:
             raise RuntimeError(f"generate returned {out.shape[1] - ctx} new tokens, not {n}")
