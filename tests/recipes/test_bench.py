@@ -122,3 +122,24 @@ def test_bench_refuses_an_output_directory_holding_the_users_files(tmp_path, cap
     code, errors = errors_of(capsys, "bench", "smollm2-135m", *SMOKE, "--contexts", 16, "--out", out)
     assert code == 2 and "holds files tcal did not write" in errors[0]
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_failing_cell_is_recorded_and_the_others_go_on(tmp_path, capsys, monkeypatch):
+    from tcal.evaluate import speed
+
+    def boom(*a, **k):
+        raise RuntimeError("no kernel for this shape")
+
+    monkeypatch.setattr(speed, "measure_fast", boom)
+    monkeypatch.setattr(speed, "check", boom)
+    out = tmp_path / "bench"
+    assert run("bench", "smollm2-135m", *SMOKE, "--contexts", 16, "--rows", "hybrid-eager,hybrid-fast", "--check",
+               "--out", out) == 0
+    assert "hybrid-fast @ 16 tokens: RuntimeError: no kernel for this shape" in capsys.readouterr().err
+    res = json.loads((out / "bench.json").read_text())
+    eager, fast = res["rows"]
+    assert "error" not in eager and eager["decode_ms"] > 0
+    assert fast == {"model": "hybrid-fast", "context": 16, "error": "RuntimeError: no kernel for this shape"}
+    assert res["check"]["error"] == "RuntimeError: no kernel for this shape"
+    md = (out / "bench.md").read_text()
+    assert "| hybrid-fast | error |" in md and "## Errors" in md and "Failed: RuntimeError" in md

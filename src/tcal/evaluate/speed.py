@@ -272,7 +272,8 @@ def measure_generate(model, ctx: int, new_tokens: int = 128, reps: int = 1, *, s
             "same_tokens": bool(same.all()), "first_diff": None if bool(same.all()) else int(same.argmin())}
 
 
-def _error_line(e: Exception) -> str:
+def error_line(e: Exception) -> str:
+    """What a result records of a failure: the exception's type and first line."""
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
@@ -297,7 +298,7 @@ def measure_row(name: str, model, ctx: int, *, decode_tokens: int = 128, reps: i
     except torch.OutOfMemoryError:
         r = {"error": "out of memory"}
     except Exception as e:  # one failing row must not lose the others
-        r = {"error": _error_line(e)}
+        r = {"error": error_line(e)}
     _free(device)
     return {"model": name, "context": ctx, **r}
 
@@ -400,7 +401,7 @@ def batched_row(name: str, model, ctx: int, batch: int | str, decode_tokens: int
     except torch.OutOfMemoryError:
         r = {"batch": batch, "context": ctx, "error": "out of memory"}
     except Exception as e:
-        r = {"batch": batch, "context": ctx, "error": _error_line(e)}
+        r = {"batch": batch, "context": ctx, "error": error_line(e)}
     _free(device)
     return {"model": name, **r}
 
