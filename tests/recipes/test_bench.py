@@ -43,7 +43,8 @@ def test_bench_a_shape_writes_json_tables_and_plot(tmp_path, capsys):
     assert res["settings"]["contexts"] == [16, 32] and res["settings"]["rows"] == rows
     assert set(res["environment"]) >= {"torch", "transformers", "device"}
     assert res["model"]["attention_layers"] == [0] and res["model"]["num_layers"] == 2
-    assert res["weight_read_floor"]["teacher_ms"] > 0 and res["check"] is None
+    assert res["weight_read_floor"]["teacher_ms"] > 0 and res["weight_read_floor"]["hybrid_ms"] > 0
+    assert res["check"] is None
     md = (out / "bench.md").read_text()
     for section in ("## Decode (ms / token)", "## Prefill (tokens / s)", "## Cache size (MB)",
                     "## End-to-end generation", "## Batched decode at 32 tokens", "## Weight-read floor"):
@@ -51,6 +52,13 @@ def test_bench_a_shape_writes_json_tables_and_plot(tmp_path, capsys):
     assert "assumption of peak bandwidth" in md and "| hybrid-fast |" in md and "| 16 | 32 |" in md
     assert (out / "bench.png").read_bytes()[:4] == PNG
     assert json.loads((out / "tcal_config.json").read_text())["stage"] == "bench"
+
+
+def test_the_row_list_for_help_is_the_librarys():
+    from tcal.evaluate.speed import ROWS
+    from tcal.recipes.bench import ROWS as HELP_ROWS
+
+    assert HELP_ROWS == ROWS
 
 
 def test_bench_a_saved_hybrid_with_check(tmp_path, capsys):

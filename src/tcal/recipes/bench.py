@@ -23,7 +23,7 @@ from tcal.utils.errors import TcalError
 
 # tcal.evaluate.speed.ROWS, listed here for --help without torch
 ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hybrid-fast", "generate")
-BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell: at large batches a step is long enough
+BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell (bench/hybrid_speed.py's count)
 CHECK_STEPS = 64
 
 
@@ -162,13 +162,15 @@ def plan(cfg: BenchConfig) -> Plan:
 
 
 def build_models(cfg: BenchConfig, p: Plan) -> tuple:
-    """(teacher or None, hybrid or None, what the report says about them)."""
+    """(teacher or None, hybrid or None, what the report says about them). A model no row needs is not
+    kept, but its weight bytes are (the weight-read floor)."""
     import torch
     from transformers import AutoConfig
 
     import tcal
     from tcal.conversion.select import select_layers
     from tcal.data.teachers import load_model_dir
+    from tcal.evaluate.speed import weight_bytes
     from tcal.models.shapes import model_from_config, random_model
     from tcal.utils.runtime import resolve_dtype
 
@@ -183,7 +185,9 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
         about = {"kind": "shape", "name": p.shape, "family": teacher.config.model_type,
                  "num_layers": teacher.config.num_hidden_layers, "attention_layers": keep,
                  "weights": "random (speed does not depend on weight values); the hybrid converted from the "
-                            "teacher with init copy"}
+                            "teacher with init copy",
+                 "weight_bytes": {name: weight_bytes(m) for name, m in (("teacher", teacher), ("hybrid", hybrid))
+                                  if m is not None}}
         if not need_teacher:
             del teacher
             teacher = None
@@ -199,7 +203,9 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
         about = {"kind": "hybrid", "name": cfg.model, "family": base.model_type,
                  "num_layers": config.num_hidden_layers, "attention_layers": config.attention_layers,
                  "weights": "hybrid rows and generate: the saved hybrid's weights; teacher rows: random weights at "
-                            "the hybrid's base (teacher) config (speed does not depend on weight values)"}
+                            "the hybrid's base (teacher) config (speed does not depend on weight values)",
+                 "weight_bytes": {name: weight_bytes(m) for name, m in (("teacher", teacher), ("hybrid", hybrid))
+                                  if m is not None}}
     if p.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return teacher, hybrid, about
@@ -227,7 +233,7 @@ def run(cfg: BenchConfig) -> dict:
                     "dtype": cfg.dtype, "num_layers": cfg.num_layers, "cudnn_sdpa": cfg.cudnn_sdpa,
                     "device": p.device}
         result = {"settings": settings, "environment": speed.environment(p.device), "model": about, "rows": [],
-                  "batched": [], "check": None, "weight_read_floor": _floors(speed, teacher, hybrid)}
+                  "batched": [], "check": None, "weight_read_floor": _floors(speed, about.pop("weight_bytes"))}
         max_cache = max(p.contexts) + cfg.decode_tokens + 16  # one StaticCache size: one compile for every context
         fast_rows = [r for r in p.rows if r.endswith("-fast")]
         cells = [(name, ctx) for ctx in p.contexts for name in p.rows]
@@ -276,14 +282,13 @@ def run(cfg: BenchConfig) -> dict:
     return result
 
 
-def _floors(speed, teacher, hybrid) -> dict:
+def _floors(speed, weight_bytes: dict) -> dict:
     floor = {"bandwidth_tb_s": speed.PEAK_BANDWIDTH / 1e12,
              "assumption": "peak HBM bandwidth of an H200-class GPU, not measured: every weight read once per "
                            "decode step at batch 1"}
-    for name, m in (("teacher", teacher), ("hybrid", hybrid)):
-        if m is not None:
-            floor[f"{name}_weight_gb"] = speed.weight_bytes(m) / 2**30
-            floor[f"{name}_ms"] = speed.weight_read_floor_ms(m)
+    for name, n in weight_bytes.items():
+        floor[f"{name}_weight_gb"] = n / 2**30
+        floor[f"{name}_ms"] = n / speed.PEAK_BANDWIDTH * 1e3
     return floor
 
 
