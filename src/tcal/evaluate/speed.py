@@ -354,16 +354,16 @@ def max_batch(model, ctx: int, decode_tokens: int = 32, *, margin: float = 0.06,
 
     B = (free memory x (1 - ``margin``) - ``reserve_gb``) / :func:`sequence_bytes`; the reserve covers
     what does not grow with B (packed weights, compiled kernels, the graph's pool). B is tried; on out of
-    memory (or a decode step that could not be captured, which at a large batch is memory too) it backs
-    off by 10 %, at most ``tries`` times. Returns :func:`measure_batched`'s row plus the estimate and
+    memory, or a decode step FastDecoder could not capture (it falls back to eager decoding on any
+    failure inside the capture, an out of memory included), it backs off by 10 %, at most ``tries`` times. Returns :func:`measure_batched`'s row plus the estimate and
     every failed attempt; ``"error"`` when nothing fitted.
     """
     device = model_device(model)
     if device.type != "cuda":
         raise TcalError("the largest-batch search reads the GPU's free memory: it needs a model on CUDA")
-    _free(device)
     per = sequence_bytes(model, ctx, decode_tokens)
-    free_b, total_b = torch.cuda.mem_get_info(device)
+    _free(device)  # the allocator's cached blocks (that batch-1 cache too) count as used in mem_get_info
+    free_b, _ = torch.cuda.mem_get_info(device)
     budget = free_b * (1 - margin) - reserve_gb * GiB
     estimate = int(budget // per["total"])
     info = {"estimated_batch": estimate, "free_gb": free_b / GiB, "per_sequence_mb": per["total"] / 2**20,
