@@ -167,7 +167,7 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
     import torch
     from transformers import AutoConfig
 
-    import tcal
+    from tcal.conversion.convert import convert
     from tcal.conversion.select import select_layers
     from tcal.data.teachers import load_model_dir
     from tcal.evaluate.speed import weight_bytes
@@ -181,7 +181,7 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
         teacher = random_model(p.shape, dtype=dtype, device=p.device, attn_implementation="sdpa",
                                num_layers=cfg.num_layers)
         keep = select_layers(teacher, cfg.keep, progress=False).layers
-        hybrid = tcal.convert(teacher, keep=keep, init="copy").eval() if need_hybrid else None
+        hybrid = convert(teacher, keep=keep, init="copy").eval() if need_hybrid else None
         about = {"kind": "shape", "name": p.shape, "family": teacher.config.model_type,
                  "num_layers": teacher.config.num_hidden_layers, "attention_layers": keep,
                  "weights": "random (speed does not depend on weight values); the hybrid converted from the "
