@@ -1,33 +1,4 @@
-"""Public config values of models whose shapes the benchmarks borrow (random weights: speed and
-memory do not depend on the values)."""
-from __future__ import annotations
+"""Re-export of :mod:`tcal.models.shapes` for the bench scripts (``from shapes import SHAPES, random_model``)."""
+from tcal.models.shapes import SHAPES, random_model
 
-SHAPES = {
-    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-                         max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),
-    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                         num_attention_heads=24, num_key_value_heads=8, vocab_size=128256, head_dim=128,
-                         max_position_embeddings=131072, rope_theta=5e5, tie_word_embeddings=True),
-    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                         max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
-}
-
-
-def random_model(name: str, *, dtype=None, device="cpu", num_layers: int = 0, attn_implementation: str | None = None):
-    """A causal LM at the shape ``name`` with random weights, built on ``device``, in eval mode.
-
-    ``num_layers`` overrides the depth (CPU smoke runs); ``attn_implementation``: e.g. "sdpa".
-    """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    shape = dict(SHAPES[name])
-    if num_layers:
-        shape["num_hidden_layers"] = num_layers
-    config = AutoConfig.for_model(shape.pop("model_type"), **shape)
-    if attn_implementation:
-        config._attn_implementation = attn_implementation
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32).eval()
+__all__ = ["SHAPES", "random_model"]

@@ -25,10 +25,13 @@ COMMANDS = {
     "distill": ("tcal.recipes.distill", "DistillConfig", "distil a hybrid against its frozen teacher's logits"),
     "recover": ("tcal.recipes.recover", "RecoverConfig",
                 "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets"),
+    "bench": ("tcal.recipes.bench", "BenchConfig",
+              "prefill and decode speed of a hybrid against its teacher by context length: tables, plot"),
 }
 
-# `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`: the first positional fills this field.
-POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher"}
+# `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`, `tcal bench MODEL`: the first positional
+# fills this field.
+POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher", "bench": "model"}
 
 
 def recipe(name: str):

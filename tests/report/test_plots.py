@@ -5,7 +5,9 @@ import torch
 from helpers import tiny_teacher
 
 from tcal.conversion.select import Selection
-from tcal.report.plots import fmt_ppl, plot_ablation, plot_curve, plot_recovery, plot_selection, plot_stats
+from tcal.report.plots import (
+    fmt_ppl, plot_ablation, plot_bench, plot_curve, plot_recovery, plot_selection, plot_stats,
+)
 from tcal.report.targets import target_table
 from tcal.taylor.statistics import collect_stats
 
@@ -47,3 +49,13 @@ def test_stats_ablation_and_selection_plots(tmp_path):
     plot_selection(sel, tmp_path / "selection.png", teacher_ppl=15.0)
     assert is_png(tmp_path / "selection.png")
     assert pyplot_before or "matplotlib.pyplot" not in sys.modules  # the plots never import pyplot
+
+
+def test_bench_plot_skips_errors_and_missing_numbers(tmp_path):
+    cells = [{"model": "teacher-eager", "context": 2048, "decode_ms": 20.0, "prefill_tok_s": 9e3},
+             {"model": "teacher-eager", "context": 8192, "error": "out of memory"},
+             {"model": "teacher-compiled", "context": 2048, "decode_ms": 8.0},  # no prefill number
+             {"model": "hybrid-fast", "context": 2048, "decode_ms": 5.0, "prefill_tok_s": 2e4},
+             {"model": "hybrid-fast", "context": 8192, "decode_ms": 5.5, "prefill_tok_s": 1.9e4}]
+    assert is_png(plot_bench(cells, tmp_path / "bench.png", title="b"))
+    assert is_png(plot_bench([{"model": "generate", "context": 16, "error": "x"}], tmp_path / "empty.png"))

@@ -213,3 +213,34 @@ def plot_niah(cells: list[dict], path, *, title: str = "", bins: int = 5) -> str
         fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110)
     return str(path)
+
+
+def plot_bench(rows: list[dict], path, *, title: str = "") -> str:
+    """Two panels against context length (log scale): decode ms/token and prefill tokens/s, one line
+    per benchmark row (``model`` name); cells with an error or without the number are left out."""
+    fig = _figure((11, 4))
+    decode, prefill = fig.subplots(1, 2)
+    names = list(dict.fromkeys(r["model"] for r in rows))
+    for i, name in enumerate(names):
+        mine = sorted((r for r in rows if r["model"] == name and "error" not in r), key=lambda r: r["context"])
+        for ax, key in ((decode, "decode_ms"), (prefill, "prefill_tok_s")):
+            pts = [(r["context"], r[key]) for r in mine if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), "o-", ms=4, color=f"C{i}", label=name)
+    contexts = sorted({r["context"] for r in rows})
+    for ax, label in ((decode, "decode (ms / token, batch 1)"), (prefill, "prefill (tokens / s, batch 1)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(contexts, [f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n) for n in contexts])
+        ax.minorticks_off()
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no measurements", ha="center", va="center", transform=ax.transAxes, color="gray")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
