@@ -29,6 +29,20 @@ def test_save_load_roundtrip_bit_exact(tmp_path, family):
         assert torch.equal(reloaded.eval()(x).logits, hybrid.eval()(x).logits)
 
 
+def test_load_in_another_dtype_casts_every_module(tmp_path):
+    """from_pretrained(dtype=bf16) of a float32 hybrid: the teacher's own modules too, not only the GDN layers
+    (a mix fails at the first matmul)."""
+    hybrid = tcal.convert(tiny_teacher("llama"), keep=KEEP, init="copy")
+    hybrid.save_pretrained(tmp_path / "h")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "h", dtype=torch.bfloat16)
+    assert {p.dtype for p in reloaded.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        want = hybrid.eval()(ids()).logits
+        got = reloaded.eval()(ids()).logits.float()
+    assert float((got - want).norm() / want.norm()) < 5e-2
+    assert {p.dtype for p in AutoModelForCausalLM.from_pretrained(tmp_path / "h").parameters()} == {torch.float32}
+
+
 def test_failed_save_leaves_no_directory(tmp_path, monkeypatch):
     hybrid = tcal.convert(tiny_teacher("llama"), keep=KEEP, init="copy")
     from transformers import PreTrainedModel

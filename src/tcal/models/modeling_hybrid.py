@@ -46,7 +46,9 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         super().__init__(config)
         if not config.base_config or not config.layer_types:
             raise TcalError("HybridConfig needs base_config (the teacher's config) and layer_types")
-        self.model = AutoModel.from_config(config.teacher_config())
+        # from_config would build the teacher's modules in the dtype its saved config names (the teacher's, often
+        # float32) while the GDN layers follow the default dtype that from_pretrained(dtype=...) sets: one dtype
+        self.model = AutoModel.from_config(config.teacher_config(), dtype=torch.get_default_dtype())
         shape = config.gdn_shape()
         for i in config.gdn_layers:
             self.model.layers[i].self_attn = GatedDeltaNet(shape, layer_idx=i)
