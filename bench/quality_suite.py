@@ -25,7 +25,7 @@ import torch
 
 from tcal.data.teachers import load_teacher
 from tcal.evaluate import perplexity_report
-from tcal.evaluate.niah import check_lengths, niah_details
+from tcal.evaluate.niah import check_lengths, niah_cell
 from tcal.utils.atomic import write_json
 from tcal.utils.runtime import resolve_device, resolve_dtype
 
@@ -69,11 +69,8 @@ def run_model(name, path, args, state, save):
             key = f"{t}@{n}"
             if key in done["niah"]:
                 continue
-            t1 = time.perf_counter()
-            rows = niah_details(model, tok, task=t, length=n, samples=args.samples, seed=args.seed,
-                                haystack=args.haystack, batch_size=args.batch_size)
-            done["niah"][key] = {"task": t, "length": n, "accuracy": sum(r["score"] for r in rows) / len(rows),
-                                 "seconds": time.perf_counter() - t1, "samples": rows}
+            done["niah"][key] = niah_cell(model, tok, task=t, length=n, samples=args.samples, seed=args.seed,
+                                          haystack=args.haystack, batch_size=args.batch_size)
             print(f"{name} {key}: {done['niah'][key]['accuracy']:.2f} ({done['niah'][key]['seconds']:.1f} s)", flush=True)
             save()
     if lm_tasks:

@@ -25,6 +25,7 @@ from pathlib import Path
 from tcal.conversion.convert import calibration_ids
 from tcal.conversion.inits import get_init
 from tcal.conversion.policy import top_k, uniform_layers
+from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.select import (
     Selection,
     SelectionConfig,
@@ -46,6 +47,27 @@ from tcal.utils.runtime import resolve_device
 
 def ppl(model, windows):
     return window_ppl(model, windows, progress=False)
+
+
+def student_hybrid(teacher, keep, modules):
+    """The student as a real hybrid (its own config and cache layout, so generate() can run it): the
+    teacher's weights, and ``modules``' GDN weights at every converted layer."""
+    hybrid = build_hybrid(teacher, keep)
+    for i, gdn in hybrid.gdn_modules().items():
+        gdn.load_state_dict(modules[i].state_dict())
+    return hybrid.eval()
+
+
+def cached(out: Path, key: dict, name: str, compute):
+    """Scores of an earlier run with the same settings (OUT/scores.json), or ``compute()`` saved there."""
+    f = out / "scores.json"
+    saved = json.loads(f.read_text()) if f.is_file() else {}
+    if saved.get("key") != key:
+        saved = {"key": key}
+    if name not in saved:
+        saved[name] = compute()
+        f.write_text(json.dumps(saved))
+    return saved[name]
 
 
 def main(argv=None):
@@ -78,8 +100,10 @@ def main(argv=None):
     calib = calibration_ids(args.calib, tok, args.calib_window, args.calib_windows)
     timings = {}
 
+    key = {k: getattr(args, k) for k in ("teacher", "init", "calib", "calib_window", "calib_windows", "align_steps",
+                                         "val_windows")}
     t0 = time.perf_counter()
-    ar = ar_scores(teacher, val)
+    ar = cached(out, key, "ar", lambda: ar_scores(teacher, val))
     timings["ar_scores_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     kw = {} if not get_init(args.init).calibrated else {
@@ -87,13 +111,13 @@ def main(argv=None):
     modules = gdn_for_every_layer(teacher, args.init, **kw)
     timings["init_every_layer_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ga = ga_scores(teacher, val, modules)
+    ga = cached(out, key, "ga", lambda: ga_scores(teacher, val, modules))
     timings["ga_scores_s"] = time.perf_counter() - t0
     policies = [x for x in args.policies.split(",") if x]
     nh = None
     if "niah" in policies:
         t0 = time.perf_counter()
-        nh = niah_scores(teacher, tok, scfg)
+        nh = cached(out, key, "niah", lambda: niah_scores(teacher, tok, scfg))
         timings["niah_scores_s"] = time.perf_counter() - t0
     teacher_ppl = ppl(teacher, heldout)
     lengths = [int(x) for x in args.retrieval.split(",") if x]
@@ -116,7 +140,7 @@ def main(argv=None):
             keep = picks[policy]
             with assemble(teacher, keep, modules) as student:
                 value = ppl(student, heldout)
-                acc = retrieval(student)
+            acc = retrieval(student_hybrid(teacher, keep, modules)) if lengths else None
             rows.append({"K": k, "policy": policy, "layers": keep, "ppl": value, "retrieval": acc})
             print(json.dumps(rows[-1]), flush=True)
     for name, scores in (("ar", ar), ("ga", ga)):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import string
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -251,6 +252,16 @@ def niah_details(model, tokenizer, *, task: str = "single", length: int, samples
                               batch_size=batch_size, progress=progress, desc=f"{task} @ {length}")
     return [{"depth": s.depth, "answers": s.answers, "output": o, "score": score(o, s.answers)}
             for s, o in zip(items, outputs)]
+
+
+def niah_cell(model, tokenizer, *, task: str, length: int, samples: int, seed: int = 0, haystack="sotu:eval",
+              batch_size: int = 4, progress: bool = False) -> dict:
+    """One (task, length) cell as the retrieval reports store it: accuracy, wall time, every sample."""
+    t0 = time.perf_counter()
+    rows = niah_details(model, tokenizer, task=task, length=length, samples=samples, seed=seed, haystack=haystack,
+                        batch_size=batch_size, progress=progress)
+    return {"task": task, "length": length, "accuracy": sum(r["score"] for r in rows) / len(rows),
+            "seconds": time.perf_counter() - t0, "samples": rows}
 
 
 def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int = 0, task: str = "single", *,

@@ -82,11 +82,9 @@ def run(cfg: EvalConfig) -> dict:
 
 
 def run_retrieval(cfg: EvalConfig) -> dict:
-    import time
-
     from tcal.data.corpora import as_corpus
     from tcal.data.teachers import load_teacher
-    from tcal.evaluate.niah import check_lengths, niah_details
+    from tcal.evaluate.niah import check_lengths, niah_cell
     from tcal.report.plots import plot_niah
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.errors import TcalError
@@ -114,11 +112,8 @@ def run_retrieval(cfg: EvalConfig) -> dict:
             key = f"{task}@{n}"
             if key in state["cells"]:
                 continue
-            t0 = time.perf_counter()
-            rows = niah_details(model, tokenizer, task=task, length=n, samples=cfg.samples, seed=cfg.seed,
-                                haystack=cfg.haystack, batch_size=cfg.batch_size, progress=cfg.progress)
-            state["cells"][key] = {"task": task, "length": n, "accuracy": sum(r["score"] for r in rows) / len(rows),
-                                   "seconds": time.perf_counter() - t0, "samples": rows}
+            state["cells"][key] = niah_cell(model, tokenizer, task=task, length=n, samples=cfg.samples, seed=cfg.seed,
+                                            haystack=cfg.haystack, batch_size=cfg.batch_size, progress=cfg.progress)
             write_json(state_file, state)
             print(f"{task} @ {n} tokens: {state['cells'][key]['accuracy']:.2f} "
                   f"({state['cells'][key]['seconds']:.0f} s)", flush=True)
