@@ -57,6 +57,8 @@ def test_fast_decoder_equals_eager_on_a_hybrid_of_the_real_teacher(teacher):
                               pad_token_id=tok.eos_token_id)
         eager_logits = hybrid(input_ids=ids, attention_mask=mask).logits[:, -1]
     fast = FastDecoder(hybrid, max_len=width + 64, batch_size=2)
-    assert_close(fast.prefill(ids, mask), eager_logits, 2e-5, "prefill logits, fast vs eager")
+    # 1e-4: the packed prefill sums in another order (one GEMM for q/k/v/g/a/b, the conv as shifted products
+    # in fp32), and 15 converted layers of a real model carry that rounding; bf16 would be ~1e-2
+    assert_close(fast.prefill(ids, mask), eager_logits, 1e-4, "prefill logits, fast vs eager")
     fast = FastDecoder(hybrid, max_len=width + 64, batch_size=2)
     assert torch.equal(fast.generate(ids, max_new_tokens=64, attention_mask=mask), ref)
