@@ -113,6 +113,20 @@ def test_conv_step_continues_the_sequence_in_place():
     assert_close(buf, x[:, 6:9].transpose(1, 2), 0, "window after the step")
 
 
+def test_causal_conv_equals_short_convolution_with_its_window():
+    from tcal.modules.conv import causal_conv
+
+    torch.manual_seed(4)
+    conv = ShortConvolution(6, 4)
+    x = torch.randn(2, 9, 6)
+    with torch.no_grad():
+        full, want_window = conv(x)
+        _, window = conv(x[:, :2])
+        y, new_window = causal_conv(x[:, 2:], window, conv.weight[:, 0, :])
+    assert_close(y, full[:, 2:], 1e-6, "causal conv after a 2-token prefix")
+    assert_close(new_window, want_window, 0, "window after the call")
+
+
 @pytest.mark.parametrize("conv,qk_norm,gate", [(False, False, True), (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("packed", [False, True])
 def test_decode_step_equals_forward_on_one_token(conv, qk_norm, gate, packed):

@@ -279,7 +279,6 @@ def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int =
         raise TcalError(f"samples must be at least 1, got {samples}")
     result = {}
     for n in tqdm(check_lengths(model, lengths), desc=f"niah {task}", disable=not progress, unit="length"):
-        rows = niah_details(model, tokenizer, task=task, length=n, samples=samples, seed=seed, haystack=haystack,
-                            batch_size=batch_size)
-        result[n] = sum(r["score"] for r in rows) / len(rows)
+        result[n] = niah_cell(model, tokenizer, task=task, length=n, samples=samples, seed=seed, haystack=haystack,
+                              batch_size=batch_size)["accuracy"]
     return result

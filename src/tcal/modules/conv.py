@@ -33,3 +33,16 @@ def conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tor
     y = (window.float() * weight.float()).sum(-1).to(x.dtype)
     state.copy_(window[..., 1:])
     return y
+
+
+def causal_conv(x: torch.Tensor, window: torch.Tensor, taps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ShortConvolution.forward`` with ``window`` as the prefix, written element-wise: x (B, T, C),
+    window (B, C, W - 1) (the last W - 1 inputs before x), taps (C, W) -> (y (B, T, C), new window
+    (B, C, W - 1)). A sum of W shifted products in fp32 rounded once to x's dtype, as ``conv_step`` sums
+    its window, so that compiled it fuses with the element-wise work around it (FastDecoder's prefill)."""
+    T, W = x.shape[1], taps.shape[-1]
+    full = torch.cat([window.transpose(1, 2).to(x.dtype), x], dim=1)  # (B, W - 1 + T, C)
+    acc = full[:, :T].float() * taps[:, 0].float()
+    for j in range(1, W):
+        acc = acc + full[:, j : j + T].float() * taps[:, j].float()
+    return acc.to(x.dtype), full[:, T:].transpose(1, 2)

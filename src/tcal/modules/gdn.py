@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tcal.modules.config import GDNShape
-from tcal.modules.conv import ShortConvolution, conv_step
+from tcal.modules.conv import ShortConvolution, causal_conv, conv_step
 from tcal.modules.norms import HeadRMSNorm, head_norm, l2norm
 from tcal.ops import fused_gdn_step, fused_gdn_step_available, gated_delta_rule, norm_gated_available, rms_norm_gated
 from tcal.utils import compat
@@ -26,6 +26,19 @@ def inverse_softplus(r) -> torch.Tensor:
     """softplus^-1(r) = r + log(-expm1(-r)) = log(exp(r) - 1), stable for small and large r > 0."""
     r = torch.as_tensor(r, dtype=torch.float32)
     return r + torch.log(-torch.expm1(-r))
+
+
+def gate_values(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta), each (B, T, H) fp32, from the a / b projections (B, T, H): log decay
+    g = -exp(A_log) softplus(a + dt_bias) and write strength beta = sigmoid(b). With ``keep`` (B, T),
+    0 at padded positions: no decay and no write there, so the state passes through untouched."""
+    beta = torch.sigmoid(b.float())
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    if keep is not None:
+        g = g * keep[..., None]
+        beta = beta * keep[..., None]
+    return g, beta
 
 
 def prefill_inputs(
@@ -42,8 +55,8 @@ def prefill_inputs(
 ):
     """Everything ``GatedDeltaNet.qkv`` and ``gates`` compute, from one packed projection: q, k
     (l2-normalised) and v (B, T, H, d), g and beta (B, T, H) fp32, the output gate (B, T, H, d) or None,
-    and the new conv window (B, 3 n, W - 1) or None. The causal conv is a sum of W shifted products in fp32
-    rounded once, as ``conv_step`` does, so that compiled it fuses with the SiLU and the norms."""
+    and the new conv window (B, 3 n, W - 1) or None. The conv is ``causal_conv``'s element-wise form, so
+    that compiled it fuses with the SiLU and the norms."""
     B, T, _ = y.shape
     H, d = heads, head_dim
     n = H * d
@@ -52,25 +65,14 @@ def prefill_inputs(
         qkv = qkv * keep[..., None].to(qkv.dtype)
     window = None
     if taps is not None:
-        W = taps.shape[-1]
-        full = torch.cat([conv_window.transpose(1, 2).to(qkv.dtype), qkv], dim=1)  # (B, W - 1 + T, 3 n)
-        acc = full[:, :T].float() * taps[:, 0].float()
-        for j in range(1, W):
-            acc = acc + full[:, j : j + T].float() * taps[:, j].float()
-        window = full[:, T:].transpose(1, 2)
-        qkv = acc.to(y.dtype)
+        qkv, window = causal_conv(qkv, conv_window, taps)
     qkv = F.silu(qkv).view(B, T, 3 * H, d)
     q, k, v = qkv[:, :, :H], qkv[:, :, H : 2 * H], qkv[:, :, 2 * H :]
     if qk_norms is not None:
         wq, wk, eps = qk_norms
         q, k = head_norm(q, None, wq, eps), head_norm(k, None, wk, eps)
     gate = y[..., 3 * n : 4 * n].view(B, T, H, d) if output_gate else None
-    a, b = y[..., -2 * H : -H], y[..., -H:]
-    beta = torch.sigmoid(b.float())
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    if keep is not None:  # no decay and no write on padding: the state passes through untouched
-        g = g * keep[..., None]
-        beta = beta * keep[..., None]
+    g, beta = gate_values(y[..., -2 * H : -H], y[..., -H:], A_log, dt_bias, keep)
     return l2norm(q).contiguous(), l2norm(k).contiguous(), v.contiguous(), g, beta, gate, window
 
 
@@ -130,11 +132,9 @@ class GatedDeltaNet(nn.Module):
 
     # -- pieces reused by calibration (tcal.taylor.phase1 / phase2) --------------------------------
 
-    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g, beta), each (B, T, H): log decay and write strength."""
-        beta = torch.sigmoid(self.b_proj(x).float())
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
-        return g, beta
+    def gates(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, beta), each (B, T, H): log decay and write strength (``gate_values``)."""
+        return gate_values(self.a_proj(x), self.b_proj(x), self.A_log, self.dt_bias, keep)
 
     def qkv(
         self, x: torch.Tensor, keep: torch.Tensor | None = None, conv_state: torch.Tensor | None = None
@@ -167,10 +167,7 @@ class GatedDeltaNet(nn.Module):
                   output_final_state: bool = False):
         """Per-head recurrent output before norm/gate: (o (B, T, H, d), final state, conv state)."""
         q, k, v, new_conv = self.qkv(x, keep, conv_state)
-        g, beta = self.gates(x)
-        if keep is not None:  # no decay and no write on padding: the state passes through untouched
-            g = g * keep[..., None]
-            beta = beta * keep[..., None]
+        g, beta = self.gates(x, keep)
         o, state = gated_delta_rule(
             q, k, v, g, beta, scale=self.head_dim**-0.5, initial_state=initial_state,
             output_final_state=output_final_state, backend=self.shape.backend, chunk_size=self.shape.chunk_size,
@@ -206,7 +203,7 @@ class GatedDeltaNet(nn.Module):
         if x.shape[1] == 1 and keep is None:
             return self.decode_step(x, conv_state, state, packed, cache.fused)
         if packed is not None:
-            return self.prefill_packed(x, conv_state, state, packed, keep, cache.fused, getattr(cache, "glue", None))
+            return self.prefill_packed(x, conv_state, state, packed, keep, cache.fused, cache.glue)
         o, new_state, new_conv = self.recurrent(x, keep, state, conv_state, output_final_state=True)
         state.copy_(new_state)
         if new_conv is not None:
@@ -295,8 +292,7 @@ class GatedDeltaNet(nn.Module):
         if fused and fused_gdn_step_available(x.device):
             o, new_state = fused_gdn_step(q, k, v, a, b, self.A_log, self.dt_bias, scale, state)
         else:
-            beta = torch.sigmoid(b.float())
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            g, beta = gate_values(a, b, self.A_log, self.dt_bias)
             o, new_state = gated_delta_rule(
                 l2norm(q), l2norm(k), v, g, beta, scale=scale, initial_state=state, output_final_state=True,
                 backend=self.shape.backend, chunk_size=self.shape.chunk_size,

@@ -301,7 +301,9 @@ def _title(result) -> str:
 
 
 def _ctx(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+    from tcal.report.plots import context_label
+
+    return context_label(n)
 
 
 def _grid(result, key: str, fmt) -> list[str]:

@@ -215,6 +215,11 @@ def plot_niah(cells: list[dict], path, *, title: str = "", bins: int = 5) -> str
     return str(path)
 
 
+def context_label(n: int) -> str:
+    """2048 -> "2K", 32768 -> "32K", 1000 -> "1000": how benchmark tables and plots name a context length."""
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 def plot_bench(rows: list[dict], path, *, title: str = "") -> str:
     """Two panels against context length (log scale): decode ms/token and prefill tokens/s, one line
     per benchmark row (``model`` name); cells with an error or without the number are left out."""
@@ -230,7 +235,7 @@ def plot_bench(rows: list[dict], path, *, title: str = "") -> str:
     contexts = sorted({r["context"] for r in rows})
     for ax, label in ((decode, "decode (ms / token, batch 1)"), (prefill, "prefill (tokens / s, batch 1)")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(contexts, [f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n) for n in contexts])
+        ax.set_xticks(contexts, [context_label(n) for n in contexts])
         ax.minorticks_off()
         ax.set_xlabel("context (tokens)")
         ax.set_ylabel(label)
