@@ -19,7 +19,7 @@
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 #   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
 #   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
-#   bench          tcal bench at the Llama-3.2-3B shape and on recover50's trained taylor hybrid (--check, generate)
+#   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 S=/tmp/tcal-stage
@@ -124,11 +124,13 @@ for step in "$@"; do
         | grep -v "it/s\|Loading weights" | tail -60 ;;
     bench)
       # tcal bench: the Llama-3.2-3B shape (random weights, 75 % converted), then recover50's trained taylor
-      # hybrid (the real SmolLM2 conversion: fast == eager check, HF generate() vs FastDecoder.generate)
-      python3 -m tcal.cli bench --model llama-3.2-3b --keep uniform:25% --contexts 2048,8192,32768 \
+      # hybrid (taylor, else taylor-reference, else copy: the real SmolLM2 conversion; fast == eager check,
+      # HF generate() vs FastDecoder.generate)
+      [ "${BENCH_LLAMA:-1}" = 1 ] && python3 -m tcal.cli bench --model llama-3.2-3b --keep uniform:25% --contexts 2048,8192,32768 \
         --rows teacher-eager,hybrid-eager,teacher-fast,hybrid-fast --batch-sizes 1,32,max --out /tmp/bench-llama \
         --no-progress 2>&1 | grep -v "it/s" | tail -40
-      [ -d $R50/taylor ] && python3 -m tcal.cli bench --model $R50/taylor --contexts 512,2048,4096 \
+      H=; for i in taylor taylor-reference copy; do [ -z "$H" ] && [ -d $R50/$i ] && H=$R50/$i; done
+      [ -n "$H" ] && python3 -m tcal.cli bench --model $H --contexts 512,2048,4096 \
         --rows teacher-fast,hybrid-eager,hybrid-fast,generate --check --out /tmp/bench-smol --no-progress 2>&1 \
         | grep -v "it/s" | tail -40
       tar czf "$OUT/bench.tgz" -C /tmp $(cd /tmp && ls -d bench-llama bench-smol 2>/dev/null) ;;

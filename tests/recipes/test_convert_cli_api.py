@@ -31,3 +31,24 @@ def test_cli_and_api_give_bit_identical_gdn_weights(workspace, init):
         assert not torch.equal(api["model.layers.1.self_attn.dt_bias"],
                                tcal.convert(teacher, keep=[0, 2], init="copy").state_dict()[
                                    "model.layers.1.self_attn.dt_bias"])
+
+
+def test_cli_takes_a_calibration_mixture(workspace):
+    """`--calib a+b` (what --help promises) reaches the same interleaved windows as the API."""
+    words = (workspace / "calib.txt").read_text().split()
+    (workspace / "calib2.txt").write_text(" ".join(reversed(words)))  # another text, the same vocabulary
+    mix = f"{workspace / 'calib.txt'}+{workspace / 'calib2.txt'}"
+    out = workspace / "cli-mix"
+    argv = ["convert", "--teacher", workspace / "teacher", "--keep", "0,2", "--init", "phase2", "--calib", mix,
+            "--calib-window", 32, "--calib-windows", 4, "--align-steps", 3, "--eval", "none", "--device", "cpu",
+            "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    cli = load_file(out / "model.safetensors")
+    teacher, tok = load_teacher(str(workspace / "teacher"))
+    api = tcal.convert(teacher, keep=[0, 2], init="phase2", calib=mix, tokenizer=tok, calib_window=32,
+                       calib_windows=4, align=AlignConfig(steps=3)).state_dict()
+    single = tcal.convert(teacher, keep=[0, 2], init="phase2", calib=str(workspace / "calib.txt"), tokenizer=tok,
+                          calib_window=32, calib_windows=4, align=AlignConfig(steps=3)).state_dict()
+    key = "model.layers.1.self_attn.q_proj.weight"
+    assert torch.equal(cli[key], api[key])
+    assert not torch.equal(api[key], single[key])  # the second part was really read

@@ -32,6 +32,7 @@ def run(cfg: ConvertConfig) -> Path:
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.teachers import load_teacher
+    from tcal.data.tokens import mixture_parts
     from tcal.evaluate import perplexity_report
     from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
@@ -46,7 +47,8 @@ def run(cfg: ConvertConfig) -> Path:
     evaluate = cfg.eval.lower() != "none"
     if spec.calibrated:
         cfg.check_calib()
-        as_corpus(cfg.calib)
+        for part in mixture_parts(cfg.calib):
+            as_corpus(part)
     if evaluate:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
