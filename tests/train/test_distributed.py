@@ -92,7 +92,31 @@ def _session(world, assets, root):
     tokens, _ = data(assets)
     mine = tokens if world.rank == 0 else tokens[::-1].copy()
     out["data"] = _expect_error(lambda: train_run(assets, root / "data.partial", options(), world, train=mine))
+    # a checkpoint written by one process, resumed by two
+    rep, student = train_run(assets, root / "one-paused.partial", options(), world, student=None)
+    out["from one"] = (rep["curve"], rep["segments"], student and student.state_dict())
+
+    def boom():
+        raise ValueError("disk on fire")
+
+    try:
+        D.on_main(world, boom)
+    except Exception as err:  # noqa: BLE001
+        out["on_main"] = f"{type(err).__name__}: {err}"
+    from tcal.recipes import recover
+
+    out["recover"] = recover.run(recover_config(assets, root / "rec2"))
     return out
+
+
+def recover_config(assets, out):
+    from tcal.recipes.recover import RecoverConfig
+
+    return RecoverConfig(teacher=str(assets / "teacher"), keep="0,2", inits="copy,taylor", tokens=4 * TPS,
+                         data=str(assets / "train.npy"), out=str(out), calib=str(assets / "train.npy"),
+                         calib_window=16, calib_windows=4, align_steps=3, kl_steps=4, eval=str(assets / "eval.npy"),
+                         eval_window=32, eval_windows=2, seq_len=SEQ, batch_size=BATCH, lr=3e-3, eval_every=2 * TPS,
+                         eval_early=0, kl_chunk=24, progress=False, device="cpu")
 
 
 class Killed(Exception):
@@ -115,6 +139,8 @@ def _dying(world, assets, partial):
 @pytest.fixture(scope="module")
 def two(assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("two")
+    rep, _ = train_run(assets, root / "one-paused.partial", options(stop_after_tokens=2 * TPS))  # one process
+    assert rep["status"] == "paused"
     ranks = run_ranks(_session, 2, assets, root)
     for r in ranks:
         assert not isinstance(r, RankFailed), r.traceback
@@ -129,6 +155,9 @@ def one(assets, tmp_path_factory):
     for name, cfg in {"full": options(), "micro": options(micro_batch=1), "all": options(train="all")}.items():
         rep, student = train_run(assets, root / f"{name}.partial", cfg)
         runs[name] = (rep, student.state_dict())
+    from tcal.recipes import recover
+
+    runs["recover"] = (recover.run(recover_config(assets, root / "rec1")), root / "rec1")
     return runs
 
 
@@ -174,6 +203,39 @@ def test_a_two_process_checkpoint_resumes_in_one_process(two, one, assets):
     ref, ref_weights = one["full"]
     close_curves(rep["curve"], ref["curve"])
     assert max_diff(student.state_dict(), ref_weights) <= 1e-5
+
+
+def test_a_one_process_checkpoint_resumes_in_two_processes(two, one):
+    (r0, _), _ = two
+    curve, segments, weights = r0["from one"]
+    ref, ref_weights = one["full"]
+    assert segments == 2
+    close_curves(curve, ref["curve"])
+    assert max_diff(weights, ref_weights) <= 1e-5
+
+
+def test_a_failure_on_rank_0_reaches_every_rank(two):
+    (r0, r1), _ = two
+    assert r0["on_main"] == "ValueError: disk on fire"
+    assert r1["on_main"] == "TcalError: rank 1: rank 0 stopped (ValueError: disk on fire); see its message"
+
+
+def test_recover_in_two_processes_equals_one(two, one):
+    from safetensors.torch import load_file
+
+    (r0, r1), root = two
+    summary, ref_dir = one["recover"]
+    assert r0["recover"]["status"] == r1["recover"]["status"] == "done"
+    assert r1["recover"]["table"] == r0["recover"]["table"]  # rank 0's summary, on every rank
+    for init in ("copy", "taylor"):
+        a = load_file(str(ref_dir / init / "model.safetensors"))
+        b = load_file(str(root / "rec2" / init / "model.safetensors"))
+        assert max_diff(a, b) <= 1e-5, init
+        ra = json.loads((ref_dir / init / "report.json").read_text())
+        rb = json.loads((root / "rec2" / init / "report.json").read_text())
+        assert rb["world_size"] == 2
+        close_curves(rb["curve"], ra["curve"])
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("rec2")) == ["rec2"]  # no partial left
 
 
 def test_bad_splits_of_the_batch_are_one_line_errors(two):

@@ -233,8 +233,9 @@ def check_agreement(world: World, fingerprint: Mapping) -> None:
 
 
 def on_main(world: World, fn: Callable[[], object]):
-    """Run ``fn`` on rank 0 only (file-system changes) and give every rank its result; a TcalError
-    there is raised on every rank, so no rank waits for one that gave up."""
+    """Run ``fn`` on rank 0 only (file-system changes) and give every rank its result. A failure there
+    is raised on every rank (a TcalError as itself, anything else as a TcalError naming it), so no
+    rank waits for one that gave up."""
     if not world.distributed:
         return fn()
     import torch.distributed as dist
@@ -244,13 +245,17 @@ def on_main(world: World, fn: Callable[[], object]):
         try:
             box = [("ok", fn())]
         except TcalError as err:
-            box = [("error", str(err))]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list([("error", str(err))], src=0)
+            raise
+        except Exception as err:
+            dist.broadcast_object_list([("failed", f"{type(err).__name__}: {err}")], src=0)
             raise
     dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "error":
         raise TcalError(value)
+    if kind == "failed":
+        raise TcalError(f"rank {world.rank}: rank 0 stopped ({value}); see its message")
     return value
 
 
