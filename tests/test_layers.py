@@ -11,7 +11,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 # low -> high; `tcal` itself (the package root) sits above them all
 LAYERS = ("utils", "ops", "modules", "models", "data", "evaluate", "taylor", "conversion", "train", "report",
-          "recipes", "cli")
+          "recipes", "cli", "__main__")
 
 
 def _module_name(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from tcal.utils.config import add_dataclass_args, from_args
@@ -60,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if ns.verbose else logging.INFO, format="%(message)s")
+    # under torchrun, rank 0 logs; the other ranks only warn
+    quiet = os.environ.get("RANK", "0") not in ("", "0")
+    logging.basicConfig(level=logging.DEBUG if ns.verbose else logging.WARNING if quiet else logging.INFO,
+                        format="%(message)s")
     if ns.command is None:
         parser.print_help()
         return 0

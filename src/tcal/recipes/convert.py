@@ -25,6 +25,19 @@ class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceAr
 
 
 def run(cfg: ConvertConfig) -> Path:
+    """Under ``torchrun --nproc_per_node N`` every rank converts (layer-local Phase 2 spreads its
+    layers over the ranks, :mod:`tcal.taylor.parallel`) and rank 0 evaluates and writes ``cfg.out``."""
+    from tcal.train import distributed as D
+    from tcal.utils.runtime import resolve_device
+
+    world = D.init_from_env(resolve_device(cfg.device))
+    try:
+        return _run(cfg, world)
+    finally:
+        D.destroy(world)
+
+
+def _run(cfg: ConvertConfig, world) -> Path:
     import torch
 
     from tcal.conversion.convert import convert_with_record
@@ -37,7 +50,7 @@ def run(cfg: ConvertConfig) -> Path:
     from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
-    from tcal.utils.runtime import resolve_device, resolve_dtype
+    from tcal.utils.runtime import resolve_dtype
 
     # every argument is checked before the teacher loads
     spec = get_init(cfg.init)
@@ -53,7 +66,7 @@ def run(cfg: ConvertConfig) -> Path:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
         eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
-    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    device, dtype = world.device, resolve_dtype(cfg.dtype)
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
@@ -61,13 +74,15 @@ def run(cfg: ConvertConfig) -> Path:
     budget, windows, window, align, kl = cfg.budget(device)
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
-        calib_window=window, calib_windows=windows, progress=True,
+        calib_window=window, calib_windows=windows, progress=world.is_main(),
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
         **({"align": AlignConfig(**align)} if spec.calibrated else {}),
         **({"kl": KLConfig(**kl)} if spec.kl else {}),
     )
     hybrid, record = conv.hybrid, conv.record
     timings["convert_s"] = time.perf_counter() - t0
+    if not world.is_main():  # every rank holds the same hybrid; rank 0 evaluates and writes it
+        return out
     report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
               "calibration": record.get("calibration") and {**record["calibration"], "budget": budget, "align": align,

@@ -4,6 +4,10 @@
 for watching). At the end ``OUT/`` is written in one rename: the final model (safetensors) and
 tokenizer, ``curve.csv``, ``curve.png``, ``report.json``, ``report.md``, ``tcal_config.json``; then
 the partial directory is removed.
+
+Under ``torchrun --nproc_per_node N -m tcal distill ...`` every rank runs this recipe; rank 0
+alone creates, writes and removes directories, writes reports and prints (see
+:mod:`tcal.train.distributed` for what is sharded).
 """
 from __future__ import annotations
 
@@ -41,15 +45,16 @@ def start_partial(out, resume: bool) -> Path:
 
 
 @contextlib.contextmanager
-def removed_unless_resumable(out):
+def removed_unless_resumable(out, enabled: bool = True):
     """A run that fails before its first checkpoint leaves no partial directory behind: there is
-    nothing to resume, and it must not block the next run."""
+    nothing to resume, and it must not block the next run. ``enabled``: whether this process owns
+    the output (rank 0 under torchrun)."""
     from tcal.train.checkpoint import has_checkpoint, partial_dir
 
     try:
         yield
     except BaseException:
-        if not has_checkpoint(out):
+        if enabled and not has_checkpoint(out):
             shutil.rmtree(partial_dir(out), ignore_errors=True)
         raise
 
@@ -79,31 +84,48 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> Non
 
 def run(cfg: DistillConfig, *, callback=None) -> dict:
     """``tcal distill``: load the hybrid and the teacher, distil, write ``cfg.out``."""
+    from tcal.train import distributed as D
+    from tcal.train.config import check_train_options
+    from tcal.utils.runtime import resolve_device
+
+    check_train_options(cfg, cfg.tokens)
+    world = D.init_from_env(resolve_device(cfg.device), cfg.dist_timeout)  # one plain process outside torchrun
+    try:
+        return _run(cfg, world, callback)
+    finally:
+        D.destroy(world)
+
+
+def _run(cfg: DistillConfig, world, callback) -> dict:
     import torch
 
     from tcal.data.corpora import check_disjoint
     from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
-    from tcal.train.config import changed_settings, check_train_options
+    from tcal.train.config import changed_settings
     from tcal.train.trainer import distill
     from tcal.utils.atomic import check_out, write_json, written_files
     from tcal.utils.errors import TcalError
-    from tcal.utils.runtime import resolve_device, resolve_dtype
+    from tcal.utils.runtime import resolve_dtype
 
+    main = world.is_main()
+    say = print if main else (lambda *a, **k: None)
     # every argument is checked before a model loads
-    check_train_options(cfg, cfg.tokens)
+    D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
     settings = dataclasses.asdict(cfg)
     if cfg.resume:
         done = finished_report(cfg.out)
         if done is not None and not has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):
-            print(f"{cfg.out} is already finished; nothing to resume")
+            say(f"{cfg.out} is already finished; nothing to resume")
             return done
     out = check_out(cfg.out, "distill", cfg.overwrite)
     check_disjoint(cfg.data, cfg.eval)
     resuming = cfg.resume and has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
-    device = resolve_device(cfg.device)
+    # several processes: the models load on the CPU and the trainer shards or places them
+    device = world.device if not world.distributed else "cpu"
     teacher, tok_t = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     student = tok_s = None
     if not resuming:
@@ -111,11 +133,14 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
     tokenizer = tok_s or tok_t
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    partial = start_partial(out, cfg.resume)
-    with removed_unless_resumable(out):
+    partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
+    with removed_unless_resumable(out, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
-                                  eval_ids=eval_ids, partial=partial, settings=settings, callback=callback)
+                                  eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
+                                  world=world)
     report.update(budget_tokens=cfg.tokens, data=info)
+    if not main:
+        return report
     if report["status"] == "paused":
         print(f"tcal distill: paused at {report['tokens']:,} of {report['total_steps'] * report['tokens_per_step']:,} "
               f"tokens; rerun with --resume to continue ({partial})", file=sys.stderr)
@@ -125,7 +150,8 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
     tp = report["train_tokens_per_s"]
     print(f"PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} tokens "
           f"(teacher {report['teacher_ppl']:.2f}); {tp:,.0f} tokens/s, peak memory "
-          f"{human_bytes(report['peak_memory']['bytes'])}")
+          f"{human_bytes(report['peak_memory']['bytes'])}" + (f" (rank 0 of {world.world_size})"
+                                                              if world.distributed else ""))
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return report
 
@@ -145,6 +171,10 @@ def report_markdown(report: dict, cfg) -> str:
                       f"{report['epochs']:.2f} epochs used)")
     teacher = report.get("teacher_ppl")
     tp = report.get("train_tokens_per_s")
+    spread = ""
+    if (report.get("world_size") or 1) > 1:
+        placed = {"shard": "sharded", "replicate": "replicated"}.get(report.get("teacher_placement"), "?")
+        spread = f"; {report['world_size']} processes (student sharded with FSDP2, teacher {placed})"
     lines = [
         f"# Distillation of {cfg.hybrid}",
         "",
@@ -156,7 +186,7 @@ def report_markdown(report: dict, cfg) -> str:
         f"rows; AdamW lr {cfg.lr}, {cfg.schedule} schedule, {report['warmup_steps']} warm-up steps, "
         f"weight decay {cfg.weight_decay}, grad clip {cfg.grad_clip}",
         f"- evaluation: {cfg.eval}, first {report['eval']['windows']} windows of {report['eval']['window']} tokens",
-        f"- device: {report['device']}, {report['precision']}",
+        f"- device: {report['device']}, {report['precision']}{spread}",
         "",
         "| model | held-out PPL |",
         "|---|---|",

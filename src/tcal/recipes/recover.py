@@ -27,7 +27,8 @@ from tcal.train.config import SCHEDULES, TrainOptions
 from tcal.utils.config import CalibArgs, GDNArgs, OutArgs, TeacherArgs, arg
 
 # Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
-RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device"}
+RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "teacher_placement",
+               "dist_timeout"}
 
 
 @dataclass
@@ -51,23 +52,32 @@ class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs, OutArgs):
 
 def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConfig:
     shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainOptions)}
+    # The teacher stays whole: the next init calibrates with it, and calibration calls it a different
+    # number of times on each rank (layer-parallel Phase 2, the KL stage on rank 0), which a sharded
+    # teacher (a collective in every forward) cannot do.
+    shared["teacher_placement"] = "replicate"
     return DistillConfig(**shared, hybrid=f"{cfg.teacher} keep={cfg.keep} init={init}", teacher=cfg.teacher,
                          data=str(cfg.data), tokens=cfg.tokens, out=str(run_dir))
 
 
-def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
-    """Check every argument, then open (or reopen, with --resume) the partial directory."""
+def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
+    """Check every argument, then open (or reopen, with --resume) the partial directory (rank 0)."""
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep
     from tcal.data.corpora import check_disjoint
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_policy
+    from tcal.train import distributed as D
     from tcal.train.checkpoint import partial_dir
-    from tcal.train.config import changed_settings, check_train_options
-    from tcal.utils.atomic import check_out, write_json
+    from tcal.train.config import check_train_options
+    from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
 
     check_train_options(cfg, cfg.tokens)
+    D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
+    if cfg.teacher_placement == "shard":
+        raise TcalError("tcal recover keeps the teacher on every rank (it calibrates with it between runs); "
+                        "drop --teacher-placement shard, or convert with tcal convert and run tcal distill")
     out = check_out(cfg.out, "recover", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)
@@ -81,6 +91,15 @@ def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
     check_disjoint(cfg.data, cfg.eval)
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     work = partial_dir(out)
+    D.on_main(world, lambda: _open_work(cfg, work))
+    return inits, keep, work
+
+
+def _open_work(cfg: RecoverConfig, work: Path) -> None:
+    from tcal.train.config import changed_settings
+    from tcal.utils.atomic import write_json
+    from tcal.utils.errors import TcalError
+
     if work.exists() and not has_progress(work):  # a failed start saved nothing: nothing to resume
         shutil.rmtree(work)
     if work.exists() and not cfg.resume:
@@ -93,7 +112,6 @@ def _start(cfg: RecoverConfig) -> tuple[list[str], list[int], Path]:
             raise TcalError(f"cannot resume {work}: settings changed ({', '.join(diff)}); use the same settings")
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / "recover_config.json", dataclasses.asdict(cfg))
-    return inits, keep, work
 
 
 def has_progress(work: Path) -> bool:
@@ -119,10 +137,13 @@ def _teacher_ppl(cfg: RecoverConfig, work: Path, teacher, eval_ids) -> float:
     return ppl
 
 
-def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work: Path):
+def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work: Path, world):
     """The init's weights before training, converted now or loaded from an earlier call: a call
-    killed between a long calibration and the first checkpoint does not calibrate again."""
+    killed between a long calibration and the first checkpoint does not calibrate again. Under
+    torchrun every rank converts (calibration spreads its layers over the ranks) and rank 0 saves."""
     import torch
+
+    from tcal.train import distributed as D
 
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
@@ -133,9 +154,11 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     from tcal.utils.runtime import model_device
     from tcal.utils.atomic import write_json
 
+    main = world.is_main()
     converted, info_file = work / f"{init}.converted", work / f"{init}.init.json"
-    if converted.is_dir() and info_file.is_file():
-        print(f"{init}: converted earlier, loaded from {converted}")
+    if D.on_main(world, lambda: converted.is_dir() and info_file.is_file()):
+        if main:
+            print(f"{init}: converted earlier, loaded from {converted}")
         return load_model(converted), json.loads(info_file.read_text())
     spec = get_init(init)
     kw = {}
@@ -143,7 +166,7 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
         # the first windows of --calib: a corpus (tokenised), a .npy token file or a token pool
         _, _, _, align, kl = cfg.budget(str(model_device(teacher)))
         calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
-        kw = {"calib_ids": calib_ids, "align": AlignConfig(**align), "progress": cfg.progress}
+        kw = {"calib_ids": calib_ids, "align": AlignConfig(**align), "progress": cfg.progress and main}
         if spec.kl:
             kw["kl"] = KLConfig(**kl)
     t1 = time.time()
@@ -154,43 +177,60 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
             "calib": {"data": cfg.calib, "window": cfg.calib_window, "windows": cfg.calib_windows}
             if spec.calibrated else None,
             "init_report": jsonable(conv.record)}
-    tmp = work / f"{init}.converted.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(conv.hybrid, tmp)
-    shutil.rmtree(converted, ignore_errors=True)
-    tmp.rename(converted)
-    write_json(info_file, info)  # last: it marks the saved conversion complete
-    print(f"{init}: converted in {info['convert_s']:.1f} s")
+
+    def save():
+        tmp = work / f"{init}.converted.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(conv.hybrid, tmp)
+        shutil.rmtree(converted, ignore_errors=True)
+        tmp.rename(converted)
+        write_json(info_file, info)  # last: it marks the saved conversion complete
+        print(f"{init}: converted in {info['convert_s']:.1f} s")
+
+    D.on_main(world, save)
     return conv.hybrid, info
 
 
 def run(cfg: RecoverConfig, *, callback=None) -> dict:
-    """Convert with each init, distil each the same way, tabulate tokens-to-target."""
-    inits, keep, work = _start(cfg)
+    """Convert with each init, distil each the same way, tabulate tokens-to-target. Under torchrun
+    every rank runs this; rank 0 alone writes and prints."""
+    from tcal.train import distributed as D
+    from tcal.train.config import check_train_options
+    from tcal.utils.runtime import resolve_device
+
+    check_train_options(cfg, cfg.tokens)
+    world = D.init_from_env(resolve_device(cfg.device), cfg.dist_timeout)
     try:
-        return _run(cfg, inits, keep, work, callback)
-    except BaseException:
-        if work.exists() and not has_progress(work):  # nothing saved that a rerun could resume
-            shutil.rmtree(work, ignore_errors=True)
-        raise
+        inits, keep, work = _start(cfg, world)
+        try:
+            return _run(cfg, inits, keep, work, callback, world)
+        except BaseException:
+            if world.is_main() and work.exists() and not has_progress(work):  # nothing a rerun could resume
+                shutil.rmtree(work, ignore_errors=True)
+            raise
+    finally:
+        D.destroy(world)
 
 
-def _run(cfg: RecoverConfig, inits, keep, work: Path, callback) -> dict:
+def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer, partial_dir
     from tcal.train.trainer import distill
-    from tcal.utils.runtime import resolve_device, resolve_dtype
+    from tcal.utils.runtime import resolve_dtype
 
-    device = resolve_device(cfg.device)
+    main = world.is_main()
+    say = print if main else (lambda *a, **k: None)
+    device = world.device
     t0 = time.time()
     teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     load_s = time.time() - t0
     train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    teacher_ppl = _teacher_ppl(cfg, work, teacher, eval_ids)
-    print(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
+    teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
+    say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
     reports, init_info = {}, {}
     # --max-minutes bounds this whole call (conversions included); each run gets what is left.
     deadline = t0 + cfg.max_minutes * 60 if cfg.max_minutes else None
@@ -201,44 +241,49 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback) -> dict:
         if done is not None and done.get("status") == "done" and not partial_dir(run_dir).exists():
             reports[init] = done
             init_info[init] = json.loads(info_file.read_text()) if info_file.is_file() else {}
-            print(f"{init}: finished earlier, final PPL {done['final_ppl']:.3f}")
+            say(f"{init}: finished earlier, final PPL {done['final_ppl']:.3f}")
             continue
-        if deadline is not None and time.time() >= deadline:
-            print(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work})",
-                  file=sys.stderr)
+        if deadline is not None and D.any_rank(time.time() >= deadline, world):
+            say(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work})",
+                file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work)}
         student, info = None, {}
         if not has_checkpoint(run_dir):
-            student, info = _converted_student(cfg, init, keep, teacher, tokenizer, work)
+            student, info = _converted_student(cfg, init, keep, teacher, tokenizer, work, world)
         elif info_file.is_file():
             info = json.loads(info_file.read_text())
         dcfg = _distill_config(cfg, init, run_dir)
         if deadline is not None:  # a positive remainder: at worst the run checkpoints right after step 0
             dcfg.max_minutes = max((deadline - time.time()) / 60, 1e-6)
-        partial = start_partial(run_dir, resume=True)
+        partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
-                                  settings=dataclasses.asdict(dcfg), callback=callback)
+                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
-            print(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
+            say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work)}
-        finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}")
+
+        def publish_run():
+            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}")
+            converted = work / f"{init}.converted"
+            if cfg.keep_init and converted.is_dir():
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(converted)
+                shutil.rmtree(work / f"{init}-init", ignore_errors=True)
+                converted.rename(work / f"{init}-init")
+            else:
+                shutil.rmtree(converted, ignore_errors=True)  # the run's output holds the trained weights
+
+        D.on_main(world, publish_run)
         del student
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        converted = work / f"{init}.converted"
-        if cfg.keep_init and converted.is_dir():
-            if tokenizer is not None:
-                tokenizer.save_pretrained(converted)
-            shutil.rmtree(work / f"{init}-init", ignore_errors=True)
-            converted.rename(work / f"{init}-init")
-        else:
-            shutil.rmtree(converted, ignore_errors=True)  # the run's output holds the trained weights
         reports[init], init_info[init] = report, info
-        print(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
-              f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
-    return _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, load_s)
+        say(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
+            f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
+    return D.on_main(world, lambda: _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info,
+                                            load_s))
 
 
 def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s) -> dict:

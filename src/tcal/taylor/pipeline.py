@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
+from tcal.taylor import parallel
 from tcal.taylor.kl_stage import KLConfig, kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
 from tcal.taylor.phase2 import AlignConfig, align_layers
@@ -161,16 +162,25 @@ def student_layer_io(hybrid, calibration: Calibration, layer: int, target: str, 
 
 
 def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_size: int = 4,
-                    progress: bool = False) -> dict[int, dict]:
+                    progress: bool = False, spread: bool = True) -> dict[int, dict]:
     """Phase 2 one layer at a time, bottom-up: on the teacher's inputs (``align.inputs ==
-    "teacher"``, from the capture or, lazy, captured now) or on the hybrid's own (``"student"``)."""
+    "teacher"``, from the capture or, lazy, captured now) or on the hybrid's own (``"student"``).
+
+    Under a process group (``spread``, :mod:`tcal.taylor.parallel`), layer-local Phase 2 is spread
+    over the ranks, each fitting its share of the layers, and every rank ends with every layer and
+    record. Sequential Phase 2 stays serial on every rank: layer l is fitted on what the layers
+    below it, already fitted, produce; rank 0's result is then given to all, so they agree exactly.
+    """
     records = {}
     layers = sorted(hybrid.gdn_modules())
-    bar = layers
+    rank, world = parallel.ranks() if spread else (0, 1)
+    owner = parallel.owners(layers, world)
+    mine = [i for i in layers if owner[i] == rank] if align.inputs == "teacher" else layers
+    bar = mine
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(layers, desc=f"phase 2 ({'sequential' if align.inputs == 'student' else 'layer-local'})",
+        bar = tqdm(mine, desc=f"phase 2 ({'sequential' if align.inputs == 'student' else 'layer-local'})",
                    unit="layer", leave=False)
     for i in bar:
         if align.inputs == "student":
@@ -180,17 +190,28 @@ def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_
         train, held = io.select(calibration.train_rows), io.select(calibration.heldout_rows)
         records.update(align_layers(hybrid, {i: train}, {i: held}, align, layers=[i], progress=progress))
         del io, train, held
+    if world > 1:
+        gdns = hybrid.gdn_modules()
+        if align.inputs == "teacher":
+            records = parallel.share_layers(gdns, owner, records)
+        else:
+            records = parallel.from_rank0(gdns, records)
     return records
 
 
 def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2: bool = False,
               align: AlignConfig | None = None, kl: KLConfig | None = None, batch_size: int = 4,
-              progress: bool = False, **phase1_switches) -> dict:
+              progress: bool = False, spread: bool = True, **phase1_switches) -> dict:
     """Run Phase 1 (variant ``phase1``, or none), then Phase 2 (``phase2``) on every GDN layer
     of ``hybrid``, then (``kl`` with steps > 0) the whole-model KL stage, in place. ``calibration`` is a :class:`Calibration` from :func:`prepare` (shared
     by several hybrids of one teacher) or calibration token ids (N, T).
     Returns ``{"calibration": {...}, "statistics": TeacherStats.to_dict() (when taken), "phase1": {layer:
     record}, "phase2": {layer: record}, "kl": record}``.
+
+    Under a process group (``spread``; see :mod:`tcal.taylor.parallel`) every rank calls this with
+    the same arguments: layer-local Phase 2 is spread over the ranks, the KL stage (one
+    whole-model fit) runs on rank 0 and its result is broadcast, and every rank returns the same
+    hybrid and record. Phase 1 (closed-form, cheap) runs on every rank.
     """
     if phase1 is not None and phase1 not in PHASE1_VARIANTS:
         raise TcalError(f"unknown Phase 1 variant {phase1!r}; choose one of {', '.join(PHASE1_VARIANTS)}")
@@ -222,8 +243,16 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
         record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
                                         progress=progress, **phase1_switches)
     if phase2:
-        record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress)
+        record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress,
+                                           spread=spread)
     if kl is not None and kl.steps:
-        record["kl"] = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
-                                calibration.ids[calibration.heldout_rows], kl, progress=progress)
+        rank, world = parallel.ranks() if spread else (0, 1)
+        kl_record = None
+        if rank == 0:
+            # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
+            kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                 calibration.ids[calibration.heldout_rows], kl, progress=progress)
+        if world > 1:
+            kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
+        record["kl"] = kl_record
     return record

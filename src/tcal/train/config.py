@@ -20,6 +20,9 @@ PRECISIONS = ("auto", "fp32", "bf16")
 COMPILE_MODES = ("auto", "on", "off")
 
 
+TEACHER_PLACEMENTS = ("auto", "replicate", "shard")
+
+
 @dataclass
 class TrainOptions(EvalArgs, DeviceArgs):
     """Distillation settings shared by ``tcal distill`` and ``tcal recover``."""
@@ -53,9 +56,18 @@ class TrainOptions(EvalArgs, DeviceArgs):
     stop_after_tokens: int = arg(0, "checkpoint and stop once this many tokens are done (rerun with --resume); "
                                     "0 = never")
     progress: bool = arg(True, "progress bars")
+    teacher_placement: str = arg("auto", "under torchrun: the frozen teacher on every rank (replicate) or split "
+                                         "over the ranks with FSDP2 (shard); auto = replicate unless its weights "
+                                         "exceed 40 % of one GPU's memory (always replicate on the CPU)",
+                                 choices=TEACHER_PLACEMENTS)
+    dist_timeout: float = arg(30.0, "under torchrun: minutes a collective may wait for the other ranks before the "
+                                    "run stops (a hung or dead rank)")
 
 
-RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "compile"}
+# What a resumed run may change. How the work is spread over processes (the world size, the
+# teacher's placement) changes neither the data order nor the optimizer's state.
+RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "compile",
+               "teacher_placement", "dist_timeout"}
 
 
 def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
@@ -93,6 +105,11 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"unknown --schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train not in TRAIN_SETS:
         raise TcalError(f"unknown --train {cfg.train!r}; choose one of {', '.join(TRAIN_SETS)}")
+    if cfg.teacher_placement not in TEACHER_PLACEMENTS:
+        raise TcalError(f"unknown --teacher-placement {cfg.teacher_placement!r}; choose one of "
+                        f"{', '.join(TEACHER_PLACEMENTS)}")
+    if not (math.isfinite(cfg.dist_timeout) and cfg.dist_timeout > 0):
+        raise TcalError(f"--dist-timeout must be a positive number of minutes, got {cfg.dist_timeout}")
     if cfg.precision not in PRECISIONS:
         raise TcalError(f"unknown --precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
 

@@ -34,12 +34,14 @@ class WindowOrder:
         return int(self.permutation(epoch)[pos])
 
 
-def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int) -> torch.Tensor:
-    """The (batch_size, seq_len) LongTensor that step ``step`` trains on."""
-    rows = []
-    for b in range(batch_size):
+def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int,
+                   rows: range | None = None) -> torch.Tensor:
+    """The (batch_size, seq_len) LongTensor that step ``step`` trains on, or only its rows ``rows``
+    (one rank's share: the ranks' shares together are the same batch)."""
+    picked = []
+    for b in range(batch_size) if rows is None else rows:
         start = order.window(step * batch_size + b) * seq_len
-        rows.append(np.asarray(tokens[start:start + seq_len], dtype=np.int64))
-    return torch.from_numpy(np.stack(rows))
+        picked.append(np.asarray(tokens[start:start + seq_len], dtype=np.int64))
+    return torch.from_numpy(np.stack(picked))
 
 

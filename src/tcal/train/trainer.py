@@ -24,6 +24,7 @@ from tcal import ops
 from tcal.evaluate import window_ppl
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
+from tcal.train import distributed as D
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
 from tcal.train.sampler import WindowOrder, batch_for_step
@@ -36,7 +37,9 @@ from tcal.utils.schedule import lr_at
 log = logging.getLogger(__name__)
 
 ADAM_BETAS = (0.9, 0.95)
-STATE_VERSION = 1
+# 2: the optimizer state is keyed by parameter name (FQN), full, so any world size reads it;
+# 1: ``optimizer.state_dict()`` (keyed by index), still read by single-process runs
+STATE_VERSION = 2
 
 
 def trainable_parameters(model, which: str) -> list[tuple[str, nn.Parameter]]:
@@ -86,11 +89,14 @@ class Trainer:
     """Distil ``student`` towards ``teacher`` on ``train_tokens`` for ``tokens`` tokens."""
 
     def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
-                 eval_ids: torch.Tensor, settings: dict | None = None):
+                 eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None):
         check_train_options(cfg, tokens)
         self.cfg = cfg
         self.settings = settings if settings is not None else dataclasses.asdict(cfg)  # what a resume must match
-        self.device = torch.device(resolve_device(cfg.device))
+        self.world = world if world is not None else D.World(device=resolve_device(cfg.device))
+        self.device = torch.device(self.world.device)
+        self.local_batch = D.check_batch_split(cfg.batch_size, cfg.micro_batch, self.world.world_size)
+        self.rows = D.local_rows(cfg.batch_size, self.world.world_size, self.world.rank)
         self.amp = amp_dtype(cfg.precision, self.device)
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
         self.total_steps = int(math.ceil(tokens / self.tokens_per_step))
@@ -98,8 +104,17 @@ class Trainer:
         self.train_tokens, self.eval_ids = train_tokens, eval_ids
         self.n_windows = int(train_tokens.shape[0]) // cfg.seq_len
         self.order = WindowOrder(self.n_windows, cfg.seed)
-        self.student = student.to(self.device)
-        self.teacher = teacher.to(self.device).eval()
+        self.main = self.world.is_main()
+        self.placement = D.teacher_placement(cfg.teacher_placement, D.weight_bytes(teacher),
+                                             D.device_memory(self.world.device)) if self.world.distributed else None
+        if self.world.distributed:  # every rank must hold the same settings, data and models before sharding
+            D.check_agreement(self.world, {**{f"setting {k}": v for k, v in self.settings.items()},
+                                           **D.data_fingerprint(train_tokens, eval_ids),
+                                           "student weights": D.model_fingerprint(student),
+                                           "teacher weights": D.model_fingerprint(teacher)})
+        self.student_cls, self.student_config = type(student), getattr(student, "config", None)
+        self.student = student if self.world.distributed else student.to(self.device)
+        self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self._check_vocab()
@@ -107,6 +122,22 @@ class Trainer:
         self.gdn_compile = resolve_compile(cfg.compile, self.device)
         if cfg.gradient_checkpointing:
             self.student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base_s, _, base_t, _ = self.parts
+        self.hidden_s = lambda ids: final_hidden(base_s, ids)
+        self.hidden_t = lambda ids: final_hidden(base_t, ids)
+        if self.world.distributed:
+            # non-persistent buffers (rotary frequencies) are in no state dict: kept for plain_model
+            self._buffers = {n: b.detach().cpu().clone() for n, b in self.student.named_buffers()}
+            self.hidden_s = D.shard(self.student, self.world)  # moves the shards to the device
+            self.student.to(self.device)  # what FSDP2 does not own (buffers)
+            if self.placement == "shard":
+                self.hidden_t = D.shard(self.teacher, self.world)
+            self.teacher.to(self.device)
+            # FSDP2 replaced the parameters with sharded ones (same names, same order)
+            chosen = {n for n, _ in self.params}
+            self.params = [(n, p) for n, p in self.student.named_parameters() if n in chosen]
+        else:
+            self.teacher.to(self.device)
         self.optimizer = make_optimizer(self.params, cfg)
         # loop state (what state_dict saves)
         self.step_count, self.curve = 0, []
@@ -141,31 +172,35 @@ class Trainer:
 
     def step(self) -> float:
         """One optimizer step on the batch the data order assigns to it; returns its mean loss."""
-        cfg, (base_s, head_s, base_t, head_t) = self.cfg, self.parts
+        cfg, (_, head_s, _, head_t) = self.cfg, self.parts
         t0 = time.perf_counter()
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr(self.step_count)
-        ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size)
+        # this rank's rows of the global batch (all of it in one process)
+        ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size,
+                             rows=self.rows)
         ids = ids.to(self.device)
-        micro = cfg.micro_batch or cfg.batch_size
+        micro = cfg.micro_batch or self.local_batch
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for i in range(0, cfg.batch_size, micro):
+        for i in range(0, self.local_batch, micro):
             mb = ids[i:i + micro]
             labels = torch.full_like(mb, -100)
             labels[:, :-1] = mb[:, 1:]
             with autocast(self.device, self.amp):
                 with torch.no_grad():
-                    ht = final_hidden(base_t, mb)
-                hs = final_hidden(base_s, mb)
+                    ht = self.hidden_t(mb)
+                hs = self.hidden_s(mb)
                 loss, _, _ = chunked_distill_loss(
                     hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
                     labels.reshape(-1), ce_weight=cfg.ce_weight, chunk_rows=cfg.kl_chunk,
                 )
-            frac = mb.shape[0] / cfg.batch_size
+            # the mean over this rank's rows; FSDP2 averages the gradients over the ranks' equal shares
+            frac = mb.shape[0] / self.local_batch
             (loss * frac).backward()
             step_loss += float(loss.detach()) * frac
             del hs, ht, loss
+        step_loss = D.all_mean(step_loss, self.world)  # every rank sees (and stops on) the same loss
         if not math.isfinite(step_loss):
             raise TcalError(f"the loss is not finite at step {self.step_count} ({step_loss}); lower --lr")
         if cfg.grad_clip > 0:
@@ -212,42 +247,90 @@ class Trainer:
         self._t_start = time.time()
 
     def save_checkpoint(self, partial: Path) -> None:
-        with atomic_dir(partial / "checkpoint", replace=True) as tmp:  # model and resume state belong together
-            save_model(self.student, tmp)
-            (tmp / "resume").mkdir()
-            torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng_state()}, tmp / "resume" / "optimizer.pt")
-            write_json(tmp / "resume" / "state.json", self.state_dict())
+        """Write the model (safetensors) and the resume state; under torchrun every rank takes part in
+        gathering the full state dicts and rank 0 alone writes them (the files do not depend on the
+        world size)."""
+        dist = self.world.distributed
+        model_state = D.full_model_state(self.student) if dist else None
+        optim_state = D.full_optimizer_state(self.student, self.optimizer)
+        if self.main:
+            model = self.plain_student(model_state) if dist else self.student
+            with atomic_dir(partial / "checkpoint", replace=True) as tmp:  # model and resume state belong together
+                save_model(model, tmp)
+                (tmp / "resume").mkdir()
+                # rank 0's RNG only: the data order is a function of (seed, step) and nothing else draws
+                # from the RNG in a step (no dropout), so every rank restores rank 0's on resume
+                torch.save({"optimizer": optim_state, "rng": rng_state(None if not dist else self.device)},
+                           tmp / "resume" / "optimizer.pt")
+                write_json(tmp / "resume" / "state.json", self.state_dict())
+        D.barrier(self.world)  # nobody goes on (or stops) before the checkpoint is complete
 
     def resume_from(self, ckpt: Path) -> None:
         """Optimizer, RNG and loop state of a checkpoint (its model weights are already loaded)."""
+        st = json.loads((ckpt / "resume" / "state.json").read_text())
         # On the CPU: RNG states must stay CPU tensors; the optimizer moves its own state to the params.
         extra = torch.load(ckpt / "resume" / "optimizer.pt", map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(extra["optimizer"])
-        set_rng_state(extra["rng"])
-        self.load_state_dict(json.loads((ckpt / "resume" / "state.json").read_text()))
+        if st.get("version", 1) >= 2:
+            D.load_full_optimizer_state(self.student, self.optimizer, extra["optimizer"])
+        elif self.world.distributed:
+            raise TcalError(f"{ckpt} is a version-1 checkpoint (optimizer state by index), which resumes in one "
+                            "process only; resume it without torchrun (its next checkpoint is version 2)")
+        else:
+            self.optimizer.load_state_dict(extra["optimizer"])
+        set_rng_state(extra["rng"], self.device if self.world.distributed else None)
+        self.load_state_dict(st)
+
+    def plain_student(self, model_state: dict | None = None):
+        """The trained student as one unsharded CPU model (rank 0; None elsewhere). In one process: the
+        student itself."""
+        if not self.world.distributed:
+            return self.student
+        model_state = D.full_model_state(self.student) if model_state is None else model_state
+        if not self.main:
+            return None
+        return D.plain_model(self.student_cls, self.student_config, model_state, self._buffers)
 
     # -- the loop ------------------------------------------------------------------------------
 
     def fit(self, partial: Path, *, callback: Callable[[int, int], None] | None = None) -> str:
-        """Train to the budget (``"done"``) or to a pause limit (``"paused"``, checkpoint written)."""
-        cfg, tps = self.cfg, self.tokens_per_step
+        """Train to the budget (``"done"``) or to a pause limit (``"paused"``, checkpoint written).
+
+        Under torchrun a rank whose peers are gone (a collective fails) stops with a one-line error
+        that points at the last checkpoint."""
+        try:
+            return self._fit(partial, callback)
+        except Exception as err:
+            if not (self.world.distributed and D.peer_lost(err)):
+                raise
+            ckpt = checkpoint_dir(partial) if partial.is_dir() else None
+            where = (f"the last checkpoint is in {partial}; rerun the same command with --resume" if ckpt is not None
+                     else f"no checkpoint was written yet ({partial}); rerun the same command")
+            raise TcalError(f"rank {self.world.rank}: lost its peers at step {self.step_count} (another rank "
+                            f"stopped); {where}") from err
+
+    def _fit(self, partial: Path, callback) -> str:
+        cfg, tps, main = self.cfg, self.tokens_per_step, self.main
         if self.teacher_ppl is None:
             self.teacher_ppl = self.evaluate(self.teacher)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if not self.curve:
             self.add_eval_point()
-            (partial / "curve.csv").write_text(curve_csv(self.curve))
+            if main:
+                (partial / "curve.csv").write_text(curve_csv(self.curve))
         bar = tqdm(total=self.total_steps * tps, initial=self.step_count * tps, unit="tok", unit_scale=True,
-                   desc="distill", disable=not cfg.progress, dynamic_ncols=True, smoothing=0.1)
+                   desc="distill", disable=not (cfg.progress and main), dynamic_ncols=True, smoothing=0.1)
         status = "done"
         t_start = time.time()
         self.student.train()
         try:
             with ops.compile_training(self.gdn_compile):
                 while self.step_count < self.total_steps:
-                    if (cfg.stop_after_tokens and self.step_count * tps >= cfg.stop_after_tokens) or (
-                            cfg.max_minutes and time.time() - t_start >= cfg.max_minutes * 60):
+                    pause = bool(cfg.stop_after_tokens and self.step_count * tps >= cfg.stop_after_tokens) or bool(
+                        cfg.max_minutes and time.time() - t_start >= cfg.max_minutes * 60)
+                    if cfg.max_minutes:  # clocks differ: the ranks pause together when any of them is due
+                        pause = D.any_rank(pause, self.world)
+                    if pause:
                         self.save_checkpoint(partial)
                         status = "paused"
                         break
@@ -256,7 +339,8 @@ class Trainer:
                     bar.update(tps)
                     if eval_due(s, self.total_steps, tps, cfg.eval_every, cfg.eval_early):
                         row = self.add_eval_point()
-                        (partial / "curve.csv").write_text(curve_csv(self.curve))
+                        if main:
+                            (partial / "curve.csv").write_text(curve_csv(self.curve))
                         self.student.train()
                         bar.set_postfix(loss=f"{row['train_loss']:.4f}", ppl=f"{row['eval_ppl']:.2f}")
                     if s < self.total_steps and crossed((s - 1) * tps, s * tps, cfg.save_every):
@@ -281,6 +365,7 @@ class Trainer:
             "train_tokens_per_s": (self.step_count * tps) / self.train_s if self.train_s > 0 else None,
             "train_s": self.train_s, "elapsed_s": self.elapsed(), "segments": self.segments,
             "peak_memory": peak_memory(self.device), "device": str(self.device),
+            "world_size": self.world.world_size, "teacher_placement": self.placement,
             "precision": "bf16 autocast" if self.amp is not None else "fp32", "gdn_compile": self.gdn_compile,
             "trainable_params": sum(p.numel() for _, p in self.params), "warmup_steps": self.warmup_steps,
             "curve": self.curve, "config": self.settings,
@@ -289,13 +374,16 @@ class Trainer:
 
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
             partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
-            callback: Callable[[int, int], None] | None = None) -> tuple[dict, object]:
+            callback: Callable[[int, int], None] | None = None, world: D.World | None = None) -> tuple[dict, object]:
     """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
 
     ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
     seeds every RNG with ``cfg.seed``; a resumed one restores them. ``settings`` (default: ``cfg``)
-    are what a resumption must match.
+    are what a resumption must match. ``world`` (default: one process): under torchrun every rank
+    calls this with the same arguments; rank 0 alone writes into ``partial`` and gets the trained
+    student back (as one unsharded CPU model; the other ranks get None).
     """
+    world = world if world is not None else D.World(device=resolve_device(cfg.device))
     ckpt = checkpoint_dir(partial) if partial.is_dir() else None
     resume_state = None
     if ckpt is not None:
@@ -306,16 +394,18 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
             raise TcalError(f"cannot resume {partial}: settings changed ({', '.join(diff)}); "
                             "resume with the same settings or delete the partial directory")
         student = load_model(ckpt)
-        log.info("resuming from %s at step %d (%d tokens)", ckpt, resume_state["step"], resume_state["tokens"])
+        if world.is_main():
+            log.info("resuming from %s at step %d (%d tokens)", ckpt, resume_state["step"], resume_state["tokens"])
     if student is None:
         raise TcalError("no student model given and no checkpoint to resume from")
-    partial.mkdir(parents=True, exist_ok=True)
+    if world.is_main():
+        partial.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
-                      settings=settings)
+                      settings=settings, world=world)
     trainer.teacher_ppl = teacher_ppl
     if resume_state is not None:
         trainer.resume_from(ckpt)
     else:
         seed_everything(cfg.seed)
     status = trainer.fit(partial, callback=callback)
-    return trainer.report(status), trainer.student
+    return trainer.report(status), trainer.plain_student()

@@ -61,16 +61,30 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device | None = None) -> dict:
+    """Every RNG's state; ``device`` (one process per GPU): that GPU's generator only, since asking
+    for all of them would open a CUDA context on every other rank's GPU."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
+    if device is not None and torch.device(device).type == "cuda":
+        state["cuda_device"] = torch.cuda.get_rng_state(torch.device(device))
+    elif device is None and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore :func:`rng_state`; ``device`` (one process per GPU): restore that GPU's generator only."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    if device is not None and torch.device(device).type == "cuda":
+        saved = state.get("cuda_device", (state.get("cuda") or [None])[0])
+        if saved is not None:
+            torch.cuda.set_rng_state(saved, torch.device(device))
+    elif device is None:
+        if "cuda" in state:
+            torch.cuda.set_rng_state_all(state["cuda"])
+        elif "cuda_device" in state:
+            torch.cuda.set_rng_state(state["cuda_device"])
