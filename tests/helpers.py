@@ -84,6 +84,15 @@ def write_distill_assets(root):
     return root
 
 
+def distill_data(root):
+    """(training tokens, evaluation ids (2, 32)) of :func:`write_distill_assets`'s files."""
+    import numpy as np
+
+    train = np.load(root / "train.npy")
+    eval_ids = torch.from_numpy(np.load(root / "eval.npy")[:64].astype(np.int64).reshape(2, 32))
+    return train, eval_ids
+
+
 def story_text(sentences: int = 400, seed: int = 0) -> str:
     """Sentences of made-up words, each ending in a rare word that often repeats one of the
     sentences before: text the local harness tasks find passages in (tcal.evaluate.harness)."""

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import distill_data
 from multiproc import RankFailed, run_ranks
 
 from tcal.train import distributed as D
@@ -30,14 +31,8 @@ def options(**over):
     return TrainOptions(**kw)
 
 
-def data(assets):
-    train = np.load(assets / "train.npy")
-    eval_ids = torch.from_numpy(np.load(assets / "eval.npy")[:64].astype(np.int64).reshape(2, 32))
-    return train, eval_ids
-
-
 def train_run(assets, partial, cfg, world=None, student="fresh", train=None, **kw):
-    tokens, eval_ids = data(assets)
+    tokens, eval_ids = distill_data(assets)
     student = load_model(assets / "hybrid") if student == "fresh" else student
     return distill(student, load_model(assets / "teacher"), cfg, tokens=STEPS * TPS,
                    train_tokens=tokens if train is None else train, eval_ids=eval_ids, partial=partial, world=world,
@@ -89,7 +84,7 @@ def _session(world, assets, root):
     out["odd micro"] = _expect_error(lambda: train_run(assets, root / "odd.partial", options(micro_batch=4), world))
     lr = 3e-3 if world.rank == 0 else 1e-3
     out["settings"] = _expect_error(lambda: train_run(assets, root / "lr.partial", options(lr=lr), world))
-    tokens, _ = data(assets)
+    tokens, _ = distill_data(assets)
     mine = tokens if world.rank == 0 else tokens[::-1].copy()
     out["data"] = _expect_error(lambda: train_run(assets, root / "data.partial", options(), world, train=mine))
     # a checkpoint written by one process, resumed by two

@@ -4,10 +4,10 @@ import dataclasses
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 
+from helpers import distill_data
 from tcal.train.checkpoint import checkpoint_dir, has_checkpoint, load_model, partial_dir
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import CURVE_FIELDS, curve_csv, read_curve
@@ -28,12 +28,6 @@ def options(**over):
     return TrainOptions(**kw)
 
 
-def data(assets):
-    train = np.load(assets / "train.npy")
-    eval_ids = torch.from_numpy(np.load(assets / "eval.npy")[:64].astype(np.int64).reshape(2, 32))
-    return train, eval_ids
-
-
 def curve_without_time(rows):
     """Rows without the wall-clock column; NaN (no training loss yet at step 0) as None so rows compare."""
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items() if k != "elapsed_s"}
@@ -41,7 +35,7 @@ def curve_without_time(rows):
 
 
 def run(assets, partial, cfg, tokens=24 * TPS, student="fresh", **kw):
-    train, eval_ids = data(assets)
+    train, eval_ids = distill_data(assets)
     if student == "fresh":
         student = load_model(assets / "hybrid")
     return distill(student, load_model(assets / "teacher"), cfg, tokens=tokens, train_tokens=train,
@@ -69,7 +63,7 @@ def test_token_accounting_counts_every_trained_token(assets, tmp_path, micro):
     student.model.register_forward_pre_hook(counter("student"), with_kwargs=True)
     teacher.model.register_forward_pre_hook(counter("teacher"), with_kwargs=True)
     budget = 10 * TPS + 5  # not a whole number of steps: rounded up to 11 steps
-    train, eval_ids = data(assets)
+    train, eval_ids = distill_data(assets)
     partial = tmp_path / "acc.partial"
     rep, trained = distill(student, teacher, options(micro_batch=micro, eval_every=3 * TPS), tokens=budget,
                            train_tokens=train, eval_ids=eval_ids, partial=partial)
@@ -135,7 +129,7 @@ def test_pause_and_resume_gives_the_same_curve(assets, tmp_path):
 
 
 def test_trainer_state_dict_round_trip_and_step(assets):
-    train, eval_ids = data(assets)
+    train, eval_ids = distill_data(assets)
     t = Trainer(load_model(assets / "hybrid"), load_model(assets / "teacher"), options(), tokens=3 * TPS,
                 train_tokens=train, eval_ids=eval_ids)
     assert t.total_steps == 3 and t.tokens_per_step == TPS

@@ -69,11 +69,10 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     from tcal.conversion.policy import parse_policy
     from tcal.train import distributed as D
     from tcal.train.checkpoint import partial_dir
-    from tcal.train.config import check_train_options
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
 
-    check_train_options(cfg, cfg.tokens)
+    # check_train_options ran in run(), before the process group was joined
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
     if cfg.teacher_placement == "shard":
         raise TcalError("tcal recover keeps the teacher on every rank (it calibrates with it between runs); "
