@@ -28,6 +28,8 @@ def main() -> None:
     p.add_argument("--kl-steps", type=int, default=100)
     p.add_argument("--device", default="cuda")
     p.add_argument("--num-layers", type=int, default=0, help="override the depth (CPU smoke runs)")
+    p.add_argument("--group-bytes", type=float, default=None,
+                   help="bytes of x + out one lazy teacher pass may hold (1 = one pass per layer; default: by device)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -38,8 +40,11 @@ def main() -> None:
     from tcal.conversion.policy import parse_keep, parse_policy, uniform_layers
     from tcal.taylor.kl_stage import KLConfig
     from tcal.taylor.phase2 import AlignConfig
+    from tcal.taylor import pipeline
     from tcal.taylor.pipeline import prepare
 
+    if args.group_bytes is not None:
+        pipeline.LAZY_GROUP_BYTES = int(args.group_bytes)
     teacher = random_model(args.shape, device=args.device, num_layers=args.num_layers, attn_implementation="sdpa")
     L = teacher.config.num_hidden_layers
     policy = parse_policy(parse_keep(args.keep), num_layers=L)
@@ -70,7 +75,8 @@ def main() -> None:
            "capture_and_stats_s": prepare_s, "convert_s": time.perf_counter() - t1,
            "phase1_s": sum(r.get("wall_s", 0) for r in (d.get("phase1") or {}).values()),
            "phase2_s": sum(r["wall_s"] for r in (d.get("phase2") or {}).values()),
-           "kl_s": (d.get("kl") or {}).get("wall_s"), "total_s": total}
+           "kl_s": (d.get("kl") or {}).get("wall_s"), "lazy_teacher_passes": cal.passes,
+           "total_s": total}
     print(json.dumps(row, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -25,7 +25,10 @@ EVAL = ("wiki:eval", "shakespeare:eval", "sotu:eval")
 EVAL_WINDOWS, EVAL_WINDOW = 32, 512
 BUDGETS = {"1k": (4, 256), "4k": (8, 512), "16k": (32, 512), "64k": (128, 512), "256k": (512, 512),
            "1m": (2048, 512)}
-KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4))}
+# niah15: the 15 layers whose attention carries retrieval on the teacher (`tcal convert --keep niah:15`,
+# scored on sotu:calib prompts; README, "Retrieval-aware selection")
+KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4)),
+        "niah15": [0, 1, 2, 8, 15, 16, 18, 19, 20, 21, 23, 24, 27, 28, 29]}
 
 # name -> (phase1 variant or None, align mode, KL stage)
 METHODS = {
@@ -52,7 +55,10 @@ def job_sets() -> dict[str, list[dict]]:
     # every combination, largest budgets first; pick a slice with --methods/--keeps/--budgets/--calibs
     grid = [dict(keep=k, method=m, calib=c, budget=b) for b in reversed(BUDGETS) for k in KEEP for c in CALIB
             for m in METHODS]
-    return {"grid": grid, "methods16": methods16, "mix": mix, "methods1": methods1, "curve": curve,
+    # the long KL stage at the GPU budget: both ratios and the retrieval layers; phase2 at 73 % to compare with
+    long_kl = [dict(keep=k, method="tes-kl", calib="mix", budget="256k", kl_steps=300) for k in ("50", "niah15", "73")]
+    long_kl.append(dict(keep="73", method="phase2", calib="mix", budget="256k"))
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
 
@@ -88,7 +94,13 @@ def align_for(budget: str, steps: int):
     return AlignConfig(steps=steps, batch_size=min(16, n), eval_every=5, schedule="cosine", warmup_steps=10)
 
 
-def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100) -> dict:
+def job_name(job: dict, kl_steps: int) -> str:
+    kl = f"-kl{job.get('kl_steps', kl_steps)}" if METHODS[job["method"]][2] else ""
+    return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}"
+
+
+def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100,
+            save: Path | None = None, tokenizer=None) -> dict:
     import numpy as np
     import torch
 
@@ -113,13 +125,21 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     cal = prepare(teacher, ids, gdn, heldout_frac=align.heldout_frac, max_heldout=align.heldout_max_sequences,
                   statistics=phase1 is not None, device=device)
     prep_s = time.perf_counter() - t0
-    kl_cfg = KLConfig(steps=kl_steps, batch_size=8 if job["budget"] != "1k" else 3, eval_every=5, patience=4)
-    conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None)
+    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps), batch_size=8 if job["budget"] != "1k" else 3, eval_every=5, patience=4)
+    # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
+    conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
+                               progress=True)
     convert_s = time.perf_counter() - t0
     ppl = {spec: window_ppl(conv.hybrid, ids_e, progress=False) for spec, ids_e in evals.items()}
     detail = conv.record["detail"]
     p2 = detail.get("phase2", {})
-    return {**job, "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
+    if save is not None:  # the quality suite and the distillation runs read it later
+        from tcal.train.checkpoint import save_model
+
+        save_model(conv.hybrid, save / job_name(job, kl_steps))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(save / job_name(job, kl_steps))
+    return {**job, "name": job_name(job, kl_steps), "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
             "phase2_s": sum(r["wall_s"] for r in p2.values()),
             "heldout_cos": sum(r["heldout_cos"] for r in p2.values()) / max(1, len(p2)),
             "kl": {k: detail["kl"][k] for k in ("heldout_kl_before", "heldout_kl", "best_step", "steps_run", "wall_s")}
@@ -145,7 +165,7 @@ def run_step(args) -> None:
         jobs = sorted(jobs, key=lambda j: order.index(j["budget"]))
     jobs = jobs[args.worker :: args.workers]
     tokens = Path(args.tokens)
-    teacher, _ = load_teacher("smollm2-135m", device=device)
+    teacher, tok = load_teacher("smollm2-135m", device=device)
     evals = {spec: torch.from_numpy(np.load(tokens / f"eval-{spec.replace(':', '_')}.npy").astype(np.int64))
              [: args.eval_windows] for spec in EVAL}
     out = Path(args.out)
@@ -160,8 +180,10 @@ def run_step(args) -> None:
             print("deadline: not started", json.dumps(job), flush=True)
             continue
         t0 = time.perf_counter()
+        print(f"start {job_name(job, args.kl_steps)} at {t0 - start:.0f} s", flush=True)
         try:
-            row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps)
+            row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps,
+                          Path(args.save) if args.save else None, tok)
         except Exception as e:  # one failed job must not lose the others' results
             row = {**job, "error": f"{type(e).__name__}: {e}"}
         row["wall_s"] = time.perf_counter() - t0
@@ -184,6 +206,7 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=300, help="Phase 2 steps per layer")
     r.add_argument("--kl-steps", type=int, default=100, help="KL stage steps (methods with a KL stage)")
     r.add_argument("--out", required=True)
+    r.add_argument("--save", default=None, help="save each converted hybrid to SAVE/<job name>")
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")
     for key in ("method", "keep", "budget", "calib"):
         r.add_argument(f"--{key}s", default="", help=f"only jobs with these {key}s (comma list)")

@@ -14,11 +14,13 @@
 #   speed          bench/hybrid_speed.py at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
 #   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
 #   select-timing  bench/select_policies.py on the real teacher (K = 8, 15; wall time per policy)
-#   sweep          bench/calib_sweep.py workers on the GPU (SWEEP_JOBS, SWEEP_WORKERS, SWEEP_MINUTES, SWEEP_ARGS)
+#   sweep          bench/calib_sweep.py on the GPU (SWEEP_JOBS, SWEEP_WORKERS (default 1), SWEEP_MINUTES, SWEEP_ARGS);
+#                  each converted hybrid is saved under /tmp/tcal-runs/sweep/<job> for the quality step
 #   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 #   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
 #   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
+#   smoke          bench/fsdp_smoke.py under torchrun with one process: the FSDP2 path on a mesh of one GPU
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,12 +91,16 @@ for step in "$@"; do
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
       [ -d .dev/sweep ] && cp -r .dev/sweep $S/ 2>/dev/null
-      n=${SWEEP_WORKERS:-8}
+      # One worker by default: four processes sharing the GPU finished no 256K job in 10 minutes where one
+      # alone finishes one in 4.3 (session 8; eight finished none in session 6). Time-slicing between CUDA
+      # contexts costs these launch-bound fits more than it overlaps.
+      n=${SWEEP_WORKERS:-1}
       # one process dequantises the GGUF into the teacher cache before the workers all read it
       python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
       for w in $(seq 0 $((n - 1))); do
         OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
-          --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" ${SWEEP_ARGS:-} \
+          --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" \
+          --save /tmp/tcal-runs/sweep ${SWEEP_ARGS:-} \
           > "$OUT/sweep-$w.log" 2>&1 &
       done
       wait
@@ -115,8 +121,10 @@ for step in "$@"; do
         --keep-init ;;
     quality)
       # every quality axis of the teacher and of recover50's models, zero-shot (-init) and trained
+      # QUALITY_MODELS (name=path,...) replaces the default list; the teacher always comes first
       m=teacher=smollm2-135m
-      for i in copy taylor-reference taylor; do
+      [ -n "${QUALITY_MODELS:-}" ] && m=$m,$QUALITY_MODELS
+      [ -z "${QUALITY_MODELS:-}" ] && for i in copy taylor-reference phase2 taylor; do
         [ -d $R50/$i-init ] && m=$m,$i-init=$R50/$i-init
         [ -d $R50/$i ] && m=$m,$i=$R50/$i
       done
@@ -134,6 +142,8 @@ for step in "$@"; do
         --rows teacher-fast,hybrid-eager,hybrid-fast,generate --check --out /tmp/bench-smol --no-progress 2>&1 \
         | grep -v "it/s" | tail -40
       tar czf "$OUT/bench.tgz" -C /tmp $(cd /tmp && ls -d bench-llama bench-smol 2>/dev/null) ;;
+    smoke)
+      python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

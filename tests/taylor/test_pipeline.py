@@ -131,3 +131,35 @@ def test_calibrated_inits_run_their_stages_and_records_are_json():
     assert rec["phase1"][0]["options"]["zero_wa"] is False
     silent = convert_with_record(teacher, [1], "taylor-exact-silent", calib_ids=ids, align=AlignConfig(steps=1))
     assert silent.record["detail"]["phase1"][2]["variant"] == "exact-silent"
+
+
+def test_gradient_stages_run_compiled_when_asked_and_by_device_otherwise(monkeypatch):
+    # Phase 2 and the KL stage reach the compiled chunked path through compile_training; CPU's default is eager.
+    import tcal.ops.dispatch as dispatch
+    from tcal.taylor.kl_stage import KLConfig
+
+    calls = []
+
+    def counting():
+        def run(*args, **kw):
+            calls.append(args[0].shape)
+            return dispatch.chunk_gated_delta_rule_torch(*args, **kw)
+        return run
+
+    monkeypatch.delenv("TCAL_GDN_COMPILE", raising=False)
+    monkeypatch.setattr(dispatch, "_COMPILE", {"on": False, "failed": False})
+    monkeypatch.setattr(dispatch, "_compiled_chunk", counting)
+    teacher = tiny_teacher("llama", **CFG)
+    ids = calib_ids(n=6)
+    kl = KLConfig(steps=2, batch_size=2, eval_every=1)
+    align = AlignConfig(steps=2)
+    records = []
+    for compile in (None, True):
+        hybrid = build_hybrid(teacher, [0])
+        before = len(calls)
+        records.append(calibrate(hybrid, teacher, ids, phase2=True, align=align, kl=kl, compile=compile))
+        records[-1]["compiled_calls"] = len(calls) - before
+    assert records[0]["compiled_calls"] == 0  # CPU: eager
+    assert records[1]["compiled_calls"] >= 2 * 2 * 2  # 2 GDN layers x (2 Phase-2 + 2 KL steps)
+    assert not dispatch._COMPILE["on"]  # the setting is put back
+    assert dispatch.compile_by_default("cpu") is False

@@ -82,6 +82,48 @@ def test_lazy_capture_gives_the_layer_local_fit_of_the_eager_one():
     assert cal.record()["phase1_sequences"] == min(PHASE1_SEQUENCES, 4)
 
 
+def test_lazy_capture_takes_the_layers_asked_for_next_in_one_pass(monkeypatch):
+    import tcal.taylor.pipeline as pipeline
+    from tcal.taylor.pipeline import capture_group
+
+    assert capture_group(1, [2, 3, 5], per_layer_bytes=10, budget=30) == [1, 2, 3]
+    assert capture_group(1, [2, 3], per_layer_bytes=10, budget=5) == [1]  # always the layer asked for
+    teacher = tiny_teacher("qwen2", **CFG)
+    x = ids(6)
+    ref = capture_teacher_io(teacher, x, [0, 1, 2, 3], with_ctx=False)
+    per_layer = 2 * x.numel() * CFG["hidden_size"] * 4
+    for budget, passes in ((10 * per_layer, 1), (2 * per_layer, 2), (1, 4)):
+        monkeypatch.setattr(pipeline, "LAZY_GROUP_BYTES", budget)
+        cal = prepare(teacher, x, [0, 1, 2, 3], statistics=False, lazy=True)
+        order = [0, 1, 2, 3]
+        for n, i in enumerate(order):
+            io = cal.layer_io(i, then=order[n + 1:])
+            torch.testing.assert_close(io.x, ref[i].x)
+            torch.testing.assert_close(io.out, ref[i].out)
+        assert cal.passes == passes and cal.pending == {}  # each grouped layer handed out once, then dropped
+        again = cal.layer_io(2)  # asked for twice: captured again, not lost
+        torch.testing.assert_close(again.out, ref[2].out)
+        assert cal.passes == passes + 1
+
+
+def test_lazy_grouped_calibration_equals_one_pass_per_layer(monkeypatch):
+    import tcal.taylor.pipeline as pipeline
+
+    teacher = tiny_teacher("llama", **CFG)
+    x = ids(6)
+    align = AlignConfig(steps=3)
+    states = []
+    for budget in (1, 1 << 30):
+        monkeypatch.setattr(pipeline, "LAZY_GROUP_BYTES", budget)
+        hybrid = build_hybrid(teacher, [0])
+        cal = prepare(teacher, x, [1, 2, 3], lazy=True)
+        calibrate(hybrid, teacher, cal, phase1="exact-silent", phase2=True, align=align)
+        states.append((gdn_state(hybrid), cal.passes))
+    (a, pa), (b, pb) = states
+    assert (pa, pb) == (3, 1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_align_config_refuses_bad_settings():
     for bad in (dict(schedule="linear"), dict(warmup_steps=-1), dict(patience=0), dict(inputs="oracle"),
                 dict(target="logits"), dict(target="residual"), dict(heldout_max_sequences=0)):

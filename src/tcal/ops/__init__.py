@@ -8,6 +8,7 @@
 from tcal.ops.chunk import chunk_gated_delta_rule_torch
 from tcal.ops.dispatch import (
     BACKENDS,
+    compile_by_default,
     compile_training,
     fla_available,
     fla_backward_ok,
@@ -21,6 +22,7 @@ from tcal.ops.naive import naive_recurrent_gated_delta_rule
 __all__ = [
     "BACKENDS",
     "chunk_gated_delta_rule_torch",
+    "compile_by_default",
     "compile_training",
     "fla_available",
     "fla_backward_ok",

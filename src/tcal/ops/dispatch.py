@@ -89,6 +89,14 @@ def set_compile(on: bool) -> bool:
     return previous
 
 
+def compile_by_default(device) -> bool:
+    """Whether training calls on ``device`` should run compiled when nobody says: on a GPU where
+    the chunked PyTorch path trains (fla's kernels, where they train, are faster still); never on
+    CPU, where compiling costs more than it saves on the short fits tcal runs there."""
+    device = torch.device(device)
+    return device.type == "cuda" and not (fla_available() and fla_backward_ok())
+
+
 @contextlib.contextmanager
 def compile_training(on: bool):
     """Within the block, GDN calls that need gradients run compiled (``on``) or eagerly."""

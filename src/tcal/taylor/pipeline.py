@@ -20,10 +20,11 @@ Phase 2 runs one of two ways (``AlignConfig.inputs``):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from tcal import ops
 from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
 from tcal.taylor import parallel
 from tcal.taylor.kl_stage import KLConfig, kl_stage
@@ -54,6 +55,34 @@ def split_calibration(n: int, heldout_frac: float, max_heldout: int = AlignConfi
 # the first PHASE1_SEQUENCES training sequences, which is where their estimates have settled.
 LAZY_SEQUENCES = 256
 PHASE1_SEQUENCES = 64
+# A lazy capture takes the layer asked for and as many of the layers the caller asks for next as fit
+# in this many bytes of x + out, in one teacher pass: one pass per layer made the capture quadratic
+# in depth (on the Qwen2.5-1.5B shape at 256K tokens, 21 passes of 2-28 layers took ~194 s of a
+# 437 s conversion). None: a quarter of the free memory on CUDA, 4 GiB on CPU.
+LAZY_GROUP_BYTES: int | None = None
+
+
+def group_bytes_for(device) -> int:
+    if LAZY_GROUP_BYTES is not None:
+        return LAZY_GROUP_BYTES
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 4)
+    return 4 << 30
+
+
+def capture_group(first: int, then: Sequence[int], per_layer_bytes: int, budget: int) -> list[int]:
+    """The layers one lazy teacher pass captures: ``first``, then those of ``then`` (in order) while
+    their x + out fit in ``budget`` bytes. Always at least ``first``."""
+    group = [first]
+    for i in then:
+        if i == first or i in group:
+            continue
+        if (len(group) + 1) * per_layer_bytes > budget:
+            break
+        group.append(i)
+    return group
 
 
 @dataclass
@@ -69,6 +98,9 @@ class Calibration:
     phase1_captured: dict[int, LayerIO] | None = None  # lazy only: the Phase-1 rows, with ctx
     device: object = None
     batch_size: int = 4
+    # lazy: layers a grouped pass took beyond the one asked for, each handed out (and dropped) once
+    pending: dict[int, LayerIO] = field(default_factory=dict)
+    passes: int = 0  # lazy teacher passes made so far
 
     @property
     def lazy(self) -> bool:
@@ -83,17 +115,29 @@ class Calibration:
             return self.phase1_captured or {}
         return self.train()
 
-    def layer_io(self, layer: int, resid: bool = False) -> LayerIO:
-        """All N sequences of one layer (x, out; ``resid`` the residual stream too), captured now if lazy."""
+    def layer_io(self, layer: int, resid: bool = False, then: Sequence[int] = ()) -> LayerIO:
+        """All N sequences of one layer (x, out; ``resid`` the residual stream too), captured now if lazy.
+
+        ``then``: the layers the caller will ask for next, in order. A lazy capture takes as many of
+        them as fit in :data:`LAZY_GROUP_BYTES` in the same teacher pass and hands each out once."""
         io = self.captured.get(layer)
         if io is not None and (io.resid is not None or not resid):
             return io
+        if io is None and not resid and layer in self.pending:
+            return self.pending.pop(layer)
         if self.teacher is None:
             raise TcalError(f"the calibration holds no activations of layer {layer} and no teacher to take them "
                             "from; prepare it with tcal.taylor.pipeline.prepare")
-        fresh = capture_teacher_io(self.teacher, self.ids, [layer], batch_size=self.batch_size, with_ctx=False,
-                                   with_resid=resid, device=self.device)[layer]
-        return fresh if io is None else LayerIO(io.x, io.out, io.ctx, fresh.resid)
+        group = [layer]
+        if io is None and not resid:
+            width = self.teacher.config.hidden_size
+            group = capture_group(layer, [i for i in then if i not in self.pending],
+                                  2 * self.ids.numel() * width * 4, group_bytes_for(self.device))
+        fresh = capture_teacher_io(self.teacher, self.ids, group, batch_size=self.batch_size, with_ctx=False,
+                                   with_resid=resid, device=self.device)
+        self.passes += 1
+        self.pending.update({i: fresh[i] for i in group[1:]})
+        return fresh[layer] if io is None else LayerIO(io.x, io.out, io.ctx, fresh[layer].resid)
 
     def has_layer(self, layer: int) -> bool:
         return layer in self.captured or (self.lazy and self.teacher is not None)
@@ -186,7 +230,7 @@ def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_
         if align.inputs == "student":
             io = student_layer_io(hybrid, calibration, i, align.target, batch_size=batch_size)
         else:
-            io = calibration.layer_io(i)
+            io = calibration.layer_io(i, then=mine[mine.index(i) + 1:])
         train, held = io.select(calibration.train_rows), io.select(calibration.heldout_rows)
         records.update(align_layers(hybrid, {i: train}, {i: held}, align, layers=[i], progress=progress))
         del io, train, held
@@ -201,7 +245,8 @@ def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_
 
 def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2: bool = False,
               align: AlignConfig | None = None, kl: KLConfig | None = None, batch_size: int = 4,
-              progress: bool = False, spread: bool = True, **phase1_switches) -> dict:
+              progress: bool = False, spread: bool = True, compile: bool | None = None,
+              **phase1_switches) -> dict:
     """Run Phase 1 (variant ``phase1``, or none), then Phase 2 (``phase2``) on every GDN layer
     of ``hybrid``, then (``kl`` with steps > 0) the whole-model KL stage, in place. ``calibration`` is a :class:`Calibration` from :func:`prepare` (shared
     by several hybrids of one teacher) or calibration token ids (N, T).
@@ -212,6 +257,9 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     the same arguments: layer-local Phase 2 is spread over the ranks, the KL stage (one
     whole-model fit) runs on rank 0 and its result is broadcast, and every rank returns the same
     hybrid and record. Phase 1 (closed-form, cheap) runs on every rank.
+
+    ``compile``: Phase 2's and the KL stage's gradient calls through the compiled chunked path
+    (None: where :func:`tcal.ops.compile_by_default` says, i.e. on GPUs without fla's backward).
     """
     if phase1 is not None and phase1 not in PHASE1_VARIANTS:
         raise TcalError(f"unknown Phase 1 variant {phase1!r}; choose one of {', '.join(PHASE1_VARIANTS)}")
@@ -242,6 +290,14 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
             raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
         record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
                                         progress=progress, **phase1_switches)
+    device = next(iter(hybrid.gdn_modules().values())).q_proj.weight.device
+    with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
+        _fit(hybrid, teacher, calibration, record, phase2, align, kl, batch_size, progress, spread)
+    return record
+
+
+def _fit(hybrid, teacher, calibration, record, phase2, align, kl, batch_size, progress, spread) -> None:
+    """The gradient stages of :func:`calibrate`: Phase 2, then the KL stage, each into ``record``."""
     if phase2:
         record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress,
                                            spread=spread)
@@ -255,4 +311,3 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
         if world > 1:
             kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
         record["kl"] = kl_record
-    return record

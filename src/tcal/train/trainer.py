@@ -75,8 +75,7 @@ def make_optimizer(params: list[tuple[str, nn.Parameter]], cfg: TrainOptions) ->
 def resolve_compile(mode: str, device: torch.device) -> bool:
     if mode != "auto":
         return mode == "on"
-    # Where fla trains, its kernels are faster still; compile only the PyTorch fallback on GPUs.
-    return device.type == "cuda" and not (ops.fla_available() and ops.fla_backward_ok())
+    return ops.compile_by_default(device)
 
 
 def amp_dtype(precision: str, device: torch.device):
