@@ -67,7 +67,7 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
     assert CalibArgs().budget("cpu") == ("reference", 4, 256, {"steps": 300}, ref_kl)  # the paper's on CPU
     name, n, w, align, kl = CalibArgs().budget("cuda:0")
     assert (name, n, w) == ("large", CALIB_BUDGETS["large"]["windows"], 512) and align["batch_size"] == 16
-    assert kl == {"steps": 100, "batch_size": 8}
+    assert kl == {"steps": 300, "batch_size": 8}
     assert CalibArgs(calib_budget="reference").budget("cuda") == ("reference", 4, 256, {"steps": 300}, ref_kl)
     assert CalibArgs(calib_windows=8, calib_window=64, align_steps=5, kl_steps=2).budget("cpu") == (
         "reference", 8, 64, {"steps": 5}, {"steps": 2, "batch_size": 3})
