@@ -40,6 +40,9 @@ def test_recover_end_to_end(assets, tmp_path):
     table = json.loads((out / "recovery.json").read_text())["table"]
     assert [t["name"] for t in table["targets"]][-1] == "copy final PPL"
     assert "taylor" in table["targets"][0]["ratio"]
+    runs = json.loads((out / "recovery.json").read_text())["runs"]
+    assert runs["copy"]["calib"] is None  # the resolved calibration settings of each init, not the preset's name
+    assert runs["taylor"]["calib"]["align"]["steps"] == 3 and runs["taylor"]["calib"]["kl"]["steps"] == 40
     (out / "recovery.png").unlink()  # the results on disk are enough to redraw the plot
     assert replot(out) == str(out / "recovery.png") and (out / "recovery.png").stat().st_size > 0
     with pytest.raises(TcalError, match="recovery.json not found"):

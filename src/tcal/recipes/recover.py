@@ -173,7 +173,10 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     conv = convert_with_record(teacher, keep, init, seed=cfg.seed, use_short_conv=cfg.use_short_conv,
                                output_gate=cfg.output_gate, **kw)
     info = {"init": init, "convert_s": time.time() - t1,
-            "calib": {"data": cfg.calib, "window": cfg.calib_window, "windows": cfg.calib_windows}
+            # the resolved Phase 2 / KL-stage settings: the budget presets change between versions
+            "calib": {"data": cfg.calib, "window": cfg.calib_window, "windows": cfg.calib_windows,
+                      "align": dataclasses.asdict(kw["align"]),
+                      **({"kl": dataclasses.asdict(kw["kl"])} if spec.kl else {})}
             if spec.calibrated else None,
             "init_report": jsonable(conv.record)}
 
@@ -299,7 +302,8 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
         "eval": {"data": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows},
         "data": data_info, "table": jsonable(table),
         "runs": {init: {k: reports[init].get(k) for k in run_keys}
-                 | {"convert_s": init_info.get(init, {}).get("convert_s")} for init in inits},
+                 | {"convert_s": init_info.get(init, {}).get("convert_s"), "calib": init_info.get(init, {}).get("calib")}
+                 for init in inits},
         "teacher_load_s": load_s,
     }
     md = table_markdown(table)
