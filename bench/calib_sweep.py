@@ -133,13 +133,14 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     ppl = {spec: window_ppl(conv.hybrid, ids_e, progress=False) for spec, ids_e in evals.items()}
     detail = conv.record["detail"]
     p2 = detail.get("phase2", {})
+    label = job_name(job, kl_steps)
     if save is not None:  # the quality suite and the distillation runs read it later
         from tcal.train.checkpoint import save_model
 
-        save_model(conv.hybrid, save / job_name(job, kl_steps))
+        save_model(conv.hybrid, save / label)
         if tokenizer is not None:
-            tokenizer.save_pretrained(save / job_name(job, kl_steps))
-    return {**job, "name": job_name(job, kl_steps), "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
+            tokenizer.save_pretrained(save / label)
+    return {**job, "name": label, "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
             "phase2_s": sum(r["wall_s"] for r in p2.values()),
             "heldout_cos": sum(r["heldout_cos"] for r in p2.values()) / max(1, len(p2)),
             "kl": {k: detail["kl"][k] for k in ("heldout_kl_before", "heldout_kl", "best_step", "steps_run", "wall_s")}

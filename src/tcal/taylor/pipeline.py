@@ -267,8 +267,8 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
         raise TcalError(f"Phase 1 options ({', '.join(sorted(phase1_switches))}) given, but this init runs no Phase 1")
     align = align or AlignConfig()
     layers = sorted(hybrid.gdn_modules())
+    device = next(iter(hybrid.gdn_modules().values())).q_proj.weight.device
     if not isinstance(calibration, Calibration):
-        device = next(iter(hybrid.gdn_modules().values())).q_proj.weight.device
         calibration = prepare(teacher, calibration, layers, heldout_frac=align.heldout_frac,
                               max_heldout=align.heldout_max_sequences, statistics=phase1 is not None, batch_size=batch_size, device=device,
                               progress=progress)
@@ -290,24 +290,18 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
             raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
         record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
                                         progress=progress, **phase1_switches)
-    device = next(iter(hybrid.gdn_modules().values())).q_proj.weight.device
     with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
-        _fit(hybrid, teacher, calibration, record, phase2, align, kl, batch_size, progress, spread)
+        if phase2:
+            record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress,
+                                               spread=spread)
+        if kl is not None and kl.steps:
+            rank, world = parallel.ranks() if spread else (0, 1)
+            kl_record = None
+            if rank == 0:
+                # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
+                kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                     calibration.ids[calibration.heldout_rows], kl, progress=progress)
+            if world > 1:
+                kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
+            record["kl"] = kl_record
     return record
-
-
-def _fit(hybrid, teacher, calibration, record, phase2, align, kl, batch_size, progress, spread) -> None:
-    """The gradient stages of :func:`calibrate`: Phase 2, then the KL stage, each into ``record``."""
-    if phase2:
-        record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress,
-                                           spread=spread)
-    if kl is not None and kl.steps:
-        rank, world = parallel.ranks() if spread else (0, 1)
-        kl_record = None
-        if rank == 0:
-            # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
-            kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
-                                 calibration.ids[calibration.heldout_rows], kl, progress=progress)
-        if world > 1:
-            kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
-        record["kl"] = kl_record
