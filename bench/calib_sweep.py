@@ -58,7 +58,10 @@ def job_sets() -> dict[str, list[dict]]:
     # the long KL stage at the GPU budget: both ratios and the retrieval layers; phase2 at 73 % to compare with
     long_kl = [dict(keep=k, method="tes-kl", calib="mix", budget="256k", kl_steps=300) for k in ("50", "niah15", "73")]
     long_kl.append(dict(keep="73", method="phase2", calib="mix", budget="256k"))
-    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "mix": mix, "methods1": methods1, "curve": curve,
+    # twice the KL steps at 256K, then the 1M-token end of the curve (phase2 and taylor)
+    longer_kl = [dict(keep="50", method="tes-kl", calib="mix", budget=b, kl_steps=600) for b in ("256k", "1m")]
+    longer_kl.append(dict(keep="50", method="phase2", calib="mix", budget="1m"))
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
 

@@ -43,6 +43,31 @@ def finished_curves(run: Path, settings: dict) -> dict:
     return curves
 
 
+def calib_of(run: Path, init: str) -> dict | None:
+    """The Phase 2 / KL-stage settings ``init`` was calibrated with in ``run`` (recorded since session 8; None
+    for an uncalibrated init or an older run)."""
+    info = run / f"{init}.init.json"
+    if info.is_file():
+        return json.loads(info.read_text()).get("calib")
+    summary = run / "recovery.json"
+    if summary.is_file():
+        return (json.loads(summary.read_text()).get("runs", {}).get(init) or {}).get("calib")
+    return None
+
+
+def calib_conflicts(calibs: dict) -> list[str]:
+    """``calibs``: {init: recorded calib settings or None}. The differences that make a merged table unfair:
+    calibrated inits whose data or Phase 2 settings differ, or two KL stages with different settings.
+    A budget preset that changed between versions looks the same on the command line; this does not."""
+    rec = {i: c for i, c in calibs.items() if c}
+    out = []
+    for key in ("data", "window", "windows", "align", "kl"):
+        values = {i: c.get(key) for i, c in rec.items() if key != "kl" or "kl" in c}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            out.append(f"{key}: " + "; ".join(f"{i} {json.dumps(v, sort_keys=True)}" for i, v in values.items()))
+    return out
+
+
 def teacher_ppl_of(run: Path) -> float:
     for name, key in (("recovery.json", "teacher_ppl"), ("teacher_ppl.json", "ppl")):
         if (run / name).is_file():
@@ -57,7 +82,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     first = run_settings(args.runs[0])
-    curves, teacher = {}, []
+    curves, teacher, calibs = {}, [], {}
     for run in args.runs:
         s = run_settings(run)
         diff = changed_settings(first, s, free=FREE)
@@ -67,7 +92,15 @@ def main(argv=None) -> None:
             if init in curves:
                 raise SystemExit(f"init {init} finished in more than one run; pass one of them")
             curves[init] = c
+            calibs[init] = calib_of(run, init)
         teacher.append(teacher_ppl_of(run))
+    conflicts = calib_conflicts(calibs)
+    if conflicts:
+        raise SystemExit("the inits were calibrated with different settings: " + " | ".join(conflicts))
+    unknown = [i for i, c in calibs.items() if c is None and i != "copy"]
+    if unknown:
+        print(f"note: no recorded calibration settings for {', '.join(unknown)} (uncalibrated, or a run older "
+              "than session 8): they could not be compared")
     if max(teacher) - min(teacher) > 1e-3 * max(teacher):
         raise SystemExit(f"the runs measured different teacher PPLs ({teacher}): not one evaluation")
     order = [i for i in args.order.split(",") if i in curves] + sorted(set(curves) - set(args.order.split(",")))
@@ -77,7 +110,7 @@ def main(argv=None) -> None:
     md = table_markdown(table)
     (args.out / "recovery.md").write_text(md)
     summary = {"teacher_ppl": teacher[0], "runs": [str(r) for r in args.runs], "inits": list(curves),
-               "settings": {k: v for k, v in first.items() if k not in FREE}, "table": table,
+               "settings": {k: v for k, v in first.items() if k not in FREE}, "calib": calibs, "table": table,
                "curves": curves}
     (args.out / "recovery.json").write_text(json.dumps(summary, indent=1, default=str))
     plot_recovery(curves, teacher[0], args.out / "recovery.png", table=table,

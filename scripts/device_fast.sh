@@ -9,6 +9,11 @@
 #   final    speed at 2K-64K + batched B up to 128, then teacher-compiled at 2K with a 2K-sized cache
 #   compiled the teacher's HF StaticCache + torch.compile row at 2K/8K/32K
 #   speed6   teacher eager/fast and hybrid fast at 2K-64K, batched decode at 32K up to the largest batch (max)
+#   speed9   teacher and hybrid fast at 2K-64K, batched decode at 32K (B = 1, 32, 128, max): the decode step's
+#            masked softmax compiled (session 9)
+#   ab       teacher and hybrid fast at 2K and 32K, B = 1, once as the tree is and once with AB_BEFORE as
+#            src/tcal/models/fast.py (an untracked copy of an older one, e.g. git show REV:src/tcal/models/fast.py):
+#            the same machine, minutes apart
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -41,6 +46,17 @@ for step in "$@"; do
       # the prefill glue compiled (packed GDN inputs, norms, SiLU-MLPs); batched decode up to each model's largest batch
       $B --contexts 2048,8192,32768,65536 --rows teacher-eager,teacher-fast,hybrid-fast --batch-sizes 1,32,128,max \
         --json "$OUT/speed6.json" 2>&1 | grep -v "it/s" | tail -30 ;;
+    speed9)
+      $B --contexts 2048,8192,32768,65536 --rows teacher-fast,hybrid-fast --batch-sizes 1,32,128,max \
+        --json "$OUT/speed9.json" 2>&1 | grep -v "it/s" | tail -30 ;;
+    ab)
+      $B --contexts 2048,32768 --rows teacher-fast,hybrid-fast --reps 5 --json "$OUT/ab_after.json" 2>&1 | tail -6
+      # the older fast.py runs from a copy of the package, so a call cut off here leaves the tree as it was
+      # (session 9 swapped the file in place, was cut off, and ran its later steps on the old file)
+      rm -rf /tmp/ab-before && mkdir -p /tmp/ab-before && cp -r src/tcal /tmp/ab-before/ \
+        && cp "${AB_BEFORE:?set AB_BEFORE}" /tmp/ab-before/tcal/models/fast.py
+      PYTHONPATH=/tmp/site:/tmp/ab-before:$PWD/tests:$PWD/bench $B --contexts 2048,32768 --rows teacher-fast,hybrid-fast \
+        --reps 5 --json "$OUT/ab_before.json" 2>&1 | tail -6 ;;
     compiled)
       $B --contexts 2048,8192,32768 --rows teacher-compiled --json "$OUT/teacher_compiled.json" 2>&1 | tail -12 ;;
     *) echo "unknown step $step"; exit 2 ;;

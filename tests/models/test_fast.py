@@ -9,7 +9,7 @@ import torch
 from helpers import assert_close, tiny_teacher
 
 import tcal
-from tcal.models.fast import FastDecoder, StaticHybridCache, decode_attention
+from tcal.models.fast import FastDecoder, StaticHybridCache, combine_slices, decode_attention, masked_softmax
 from tcal.utils.errors import TcalError
 
 KEEP = [0, 2]
@@ -112,6 +112,12 @@ def test_decode_attention_equals_masked_softmax(L):
     s = (q @ kr.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
     ref = (s.softmax(-1) @ vr).transpose(1, 2)
     assert_close(decode_attention(q, k, v, mask, 0.3), ref, 1e-5, "decode attention")  # fp32 sum order
+    # the decode step hands compiled copies in through `fuse`: they are the ones called
+    calls = []
+    fuse = {name: (lambda fn, name: lambda *a: calls.append(name) or fn(*a))(fn, name)
+            for name, fn in (("softmax", masked_softmax), ("combine", combine_slices))}
+    assert_close(decode_attention(q, k, v, mask, 0.3, fuse), ref, 1e-5, "decode attention, fuse")
+    assert calls == (["softmax", "combine"] if L == 4096 else ["softmax"])
 
 
 def test_new_batch_size_rebuilds_and_stays_correct():
@@ -187,7 +193,7 @@ def test_cuda_graphs_match_eager(family, dtype, tol):
     hybrid = hybrid_for(family).to("cuda", dtype)
     x = ids(T=40).cuda()
     fast = FastDecoder(hybrid, max_len=48, batch_size=2)
-    assert fast._decode_graph is not None
+    assert fast._decode_graph is not None and fast._use_glue  # captured, with the compiled norms and softmax
     got = fast_logits(fast, x, 24)
     ref = eager_logits(hybrid, x)[:, 23:]
     assert_close(got.float(), ref.float(), tol, f"{family} {dtype} graphs vs eager")
@@ -198,6 +204,16 @@ def test_cuda_graphs_match_eager(family, dtype, tol):
             want = hybrid.generate(x[:, :24], attention_mask=torch.ones_like(x[:, :24]), max_new_tokens=64,
                                    do_sample=False)
         assert torch.equal(greedy, want)
+
+
+@cuda
+def test_cuda_split_slot_decode_matches_eager():
+    # 2048 slots: the decode attention reduces over slot slices (compiled combine); 40 real tokens in them
+    hybrid = hybrid_for("qwen3").to("cuda", torch.float32)
+    x = ids(T=40).cuda()
+    fast = FastDecoder(hybrid, max_len=2048, batch_size=2)
+    assert fast._use_glue and fast.cache.slots == 2048
+    assert_close(fast_logits(fast, x, 24).float(), eager_logits(hybrid, x)[:, 23:].float(), 2e-3, "split decode")
 
 
 @cuda

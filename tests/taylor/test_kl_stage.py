@@ -80,3 +80,32 @@ def test_a_non_finite_kl_stops_the_stage_and_restores_the_best_state(caplog):
     assert rec["steps_run"] < 10 and "non-finite KL" in caplog.text
     after = mean_kl(hybrid, teacher, held, 4)
     assert after == pytest.approx(start, rel=1e-5)  # no held-out check ran: the start state is the best one
+
+
+def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monkeypatch):
+    import tcal.taylor.kl_stage as kl_mod
+
+    teacher = tiny_teacher("llama", **CFG)
+    train, held = ids(8), ids(4, seed=1)
+    cfg = dict(steps=12, lr=3e-3, batch_size=2, eval_every=3, patience=None)
+    runs = {}
+    for name, cache, budget in (("recompute", False, None), ("kept", True, None), ("no room", True, 0)):
+        if budget is not None:
+            monkeypatch.setattr(kl_mod, "memory_budget", lambda device: budget)
+        calls = {"n": 0}
+        handle = teacher.model.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
+        hybrid = build_hybrid(teacher, [0])
+        rec = kl_stage(hybrid, teacher, train, held, KLConfig(cache_teacher=cache, **cfg))
+        handle.remove()
+        runs[name] = (rec, calls["n"], [p.detach().clone() for p in hybrid.parameters()])
+    # per step one teacher forward, per evaluation (5: before the first step, then every 3rd) two batches of 2
+    assert runs["recompute"][1] == 12 + 5 * 2 and runs["no room"][1] == 12 + 5 * 2
+    assert runs["kept"][1] == 2 + 4  # each sequence once, in batches of 2
+    assert runs["kept"][0]["teacher_cached"] == {"heldout": True, "train": True}
+    assert runs["no room"][0]["teacher_cached"] == {"heldout": False, "train": False}
+    ref_rec, _, ref_params = runs["recompute"]
+    for name in ("kept", "no room"):
+        rec, _, params = runs[name]
+        assert rec["train_kl"] == pytest.approx(ref_rec["train_kl"], rel=1e-4), name
+        assert [k for _, k in rec["heldout_curve"]] == pytest.approx([k for _, k in ref_rec["heldout_curve"]], rel=1e-4)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(params, ref_params)), name

@@ -24,8 +24,9 @@ What runs where:
 - GDN layers decode with one packed projection GEMM (``GatedDeltaNet.packed_weights``; a copy, the
   checkpoint keeps fla's names) and, on CUDA with fla, fla's fused one-token recurrence (in-kernel q/k
   l2 norm, decay and beta) and gated RMSNorm.
-- On CUDA the captured decode step runs the RMSNorms and SiLU products through ``torch.compile``d
-  copies of the same arithmetic (``compile=True``); prefill and CPU runs use the modules as they are.
+- On CUDA the captured decode step runs the RMSNorms, SiLU products and the attention's masked softmax
+  through ``torch.compile``d copies of the same arithmetic (``compile=True``); prefill and CPU runs use the
+  modules as they are.
 - Left padding works (``attention_mask`` 0...0 1...1 per row): padded slots are never attended to and
   GDN layers treat padded tokens as no-ops, as in the eager model.
 - On CPU (or ``cuda_graphs=False``) the same code runs eagerly: that is what the CPU tests check
@@ -66,6 +67,7 @@ class StaticAttention:
 
     mask: torch.Tensor | None  # bool, True = attend: (B, 1, T, S); None = plain causal over the first S slots
     kv_len: int | None  # prefill: attend to the first kv_len slots; decode (None): to all max_len slots
+    fuse: dict | None = None  # decode: compiled "softmax" / "combine" of decode_attention (None = eager ops)
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,20 +90,33 @@ def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.bmm(q.float(), kt.float())
 
 
-def decode_attention(query, key, value, mask, scaling):
+def masked_softmax(s, mask, scaling: float, dtype):
+    """softmax(scaling * s) over the slots ``mask`` allows, cast to ``dtype``: s (B, Hkv, rep, T, L) fp32,
+    mask (B, 1, 1, T, L) bool. Compiled, the four passes over the fp32 scores are one."""
+    return torch.softmax((s * scaling).masked_fill(~mask, float("-inf")), dim=-1).to(dtype)
+
+
+def combine_slices(o, dtype):
+    """Sum the fp32 partial outputs of the slot slices, o (N, n, M, d), and cast: one pass compiled."""
+    return o.sum(1).to(dtype)
+
+
+def decode_attention(query, key, value, mask, scaling, fuse: dict | None = None):
     """Attention of T new queries over every slot of a static cache.
 
     query (B, Hq, T, d); key/value (B, Hkv, L, d); mask (B, 1, T, L) bool. Query heads of one KV group are
     adjacent (head h reads KV head h // (Hq / Hkv), as in transformers' repeat_kv), so the group is one
-    batched matmul and the cache is read once, not Hq / Hkv times. Returns (B, T, Hq, d).
+    batched matmul and the cache is read once, not Hq / Hkv times. ``fuse``: compiled copies of
+    ``masked_softmax`` and ``combine_slices`` (same arithmetic). Returns (B, T, Hq, d).
     """
+    softmax = fuse["softmax"] if fuse else masked_softmax
+    combine = fuse["combine"] if fuse else combine_slices
     B, Hq, T, d = query.shape
     Hkv, L = key.shape[1], key.shape[2]
     rep = Hq // Hkv
     q = query.reshape(B * Hkv, rep * T, d)
-    s = _scores(q, key.reshape(B * Hkv, L, d)) * scaling
-    s = s.view(B, Hkv, rep, T, L).masked_fill(~mask.view(B, 1, 1, T, L), float("-inf"))
-    p = torch.softmax(s, dim=-1).to(value.dtype).view(B * Hkv, rep * T, L)
+    s = _scores(q, key.reshape(B * Hkv, L, d)).view(B, Hkv, rep, T, L)  # (B, Hkv, rep, T, L) fp32
+    p = softmax(s, mask.view(B, 1, 1, T, L), scaling, value.dtype).view(B * Hkv, rep * T, L)
     v = value.reshape(B * Hkv, L, d)
     n = _split(L, B * Hkv)
     if n > 1:
@@ -109,7 +124,7 @@ def decode_attention(query, key, value, mask, scaling):
         # slot; n slices of the slots run side by side and their fp32 partial sums are added.
         c = L // n
         p = p.view(B * Hkv, rep * T, n, c).transpose(1, 2).reshape(B * Hkv * n, rep * T, c)
-        o = _matmul_fp32(p, v.reshape(B * Hkv * n, c, d)).view(B * Hkv, n, rep * T, d).sum(1).to(value.dtype)
+        o = combine(_matmul_fp32(p, v.reshape(B * Hkv * n, c, d)).view(B * Hkv, n, rep * T, d), value.dtype)
     else:
         o = torch.bmm(p, v)
     return o.view(B, Hq, T, d).transpose(1, 2)
@@ -140,7 +155,7 @@ def _static_attention(module, query, key, value, attention_mask, scaling=None, d
         key, value = key[:, :, : spec.kv_len], value[:, :, : spec.kv_len]
         return compat.sdpa_attention()(module, query, key, value, spec.mask, dropout=0.0, scaling=scaling,
                                        is_causal=spec.mask is None)
-    return decode_attention(query, key, value, spec.mask, scaling), None
+    return decode_attention(query, key, value, spec.mask, scaling, spec.fuse), None
 
 
 def _rms_norm(hidden_states, weight, eps: float):
@@ -442,6 +457,14 @@ class FastDecoder:
                 del mod.forward
             self.cache.glue = None
 
+    def _attention_glue(self) -> dict:
+        """Compiled ``masked_softmax`` / ``combine_slices`` for the decode step's attention layers: at 32K
+        slots scaling, masking, softmax and cast are four passes over (B, Hq, L) fp32 scores eagerly."""
+        if "attention" not in self._glue:
+            self._glue["attention"] = {"softmax": torch.compile(masked_softmax, dynamic=False),
+                                       "combine": torch.compile(combine_slices, dynamic=False)}
+        return self._glue["attention"]
+
     def _gdn_prefill_glue(self) -> dict:
         """Compiled ``prefill_inputs`` / ``head_norm`` for the GDN layers' packed prefill."""
         if "gdn" not in self._glue:
@@ -454,7 +477,8 @@ class FastDecoder:
         c.valid.index_fill_(1, c.pos, True)
         position_ids = (c.pos - c.pad).view(-1, 1)
         with self._compiled_glue():
-            logits = self._forward(c.tok, position_ids, StaticAttention(c.valid[:, None, None, :], None), None)
+            spec = StaticAttention(c.valid[:, None, None, :], None, self._attention_glue() if self._use_glue else None)
+            logits = self._forward(c.tok, position_ids, spec, None)
         c.pos.add_(1)
         c.tok.copy_(logits.argmax(-1, keepdim=True))
         return logits

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.taylor.phase2 import lr_factor
 from tcal.utils.errors import TcalError
+from tcal.utils.runtime import memory_budget
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class KLConfig:
     schedule: str = "cosine"
     warmup_steps: int = 0
     seed: int = 0
+    # keep the frozen teacher's final hidden states of the held-out and training sequences instead of
+    # a teacher forward per step and per evaluation, as far as they fit runtime.memory_budget
+    cache_teacher: bool = True
 
     def __post_init__(self):
         if self.steps < 0:
@@ -54,15 +58,30 @@ def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int) -> float:
-    """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T)."""
+def teacher_hidden(teacher, ids: torch.Tensor, batch_size: int, device) -> torch.Tensor:
+    """The teacher's final hidden states (after its final norm) of ``ids`` (N, T): (N, T, D) on ``device``."""
+    base_t, _ = lm_parts(teacher)
+    return torch.cat([final_hidden(base_t, ids[s : s + batch_size].to(device))
+                      for s in range(0, ids.shape[0], batch_size)])
+
+
+def _hidden_bytes(teacher, ids: torch.Tensor) -> int:
+    p = next(teacher.parameters())
+    return ids.numel() * teacher.config.hidden_size * p.element_size()
+
+
+@torch.no_grad()
+def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int, hidden: torch.Tensor | None = None) -> float:
+    """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T); ``hidden``: the teacher's
+    ``teacher_hidden`` of the same ids, if kept."""
     base_s, head_s = lm_parts(hybrid)
     base_t, head_t = lm_parts(teacher)
     dev = head_s.weight.device
     total, n = 0.0, 0
     for s in range(0, ids.shape[0], batch_size):
         mb = ids[s : s + batch_size].to(dev)
-        hs, ht = final_hidden(base_s, mb), final_hidden(base_t, mb)
+        hs = final_hidden(base_s, mb)
+        ht = hidden[s : s + batch_size] if hidden is not None else final_hidden(base_t, mb)
         _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
                                         use_checkpoint=False)
         total, n = total + kl * mb.numel(), n + mb.numel()
@@ -87,7 +106,17 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     was_training, teacher_training = hybrid.training, teacher.training
     teacher.eval()
     hybrid.eval()  # no dropout: the stage fits the model as it will run
-    best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size)
+    # The teacher is frozen, so its hidden states of the fixed sequences never change: computed once they
+    # save a teacher forward per step and one per held-out sequence per evaluation.
+    held_t = train_t = None
+    if cfg.cache_teacher:
+        room = memory_budget(dev)
+        if _hidden_bytes(teacher, heldout_ids) <= room:
+            held_t = teacher_hidden(teacher, heldout_ids, cfg.batch_size, dev)
+            room -= held_t.numel() * held_t.element_size()
+        if _hidden_bytes(teacher, train_ids) <= room:
+            train_t = teacher_hidden(teacher, train_ids, cfg.batch_size, dev)
+    best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
     best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
     curve, held_curve = [], [(0, before)]
     steps = range(1, cfg.steps + 1)
@@ -103,8 +132,11 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                     g["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
                 idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
                 mb = train_ids[idx].to(dev)
-                with torch.no_grad():
-                    ht = final_hidden(base_t, mb)
+                if train_t is not None:
+                    ht = train_t[idx.to(dev)]
+                else:
+                    with torch.no_grad():
+                        ht = final_hidden(base_t, mb)
                 hs = final_hidden(base_s, mb)
                 # recomputing the logits in the backward only pays when they would not fit: below
                 # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
@@ -122,7 +154,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 opt.step()
                 curve.append(kl)
                 if step % cfg.eval_every == 0 or step == cfg.steps:
-                    held = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size)
+                    held = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
                     held_curve.append((step, held))
                     if math.isfinite(held) and held < best:
                         best, best_state, best_step, stale = held, [p.detach().clone() for p in params], step, 0
@@ -145,4 +177,5 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     return {"steps_run": len(curve), "best_step": best_step, "train_kl": curve, "heldout_curve": held_curve,
             "heldout_kl_before": before, "heldout_kl": best,
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
+            "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
             "wall_s": time.perf_counter() - t0}

@@ -32,6 +32,7 @@ from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
 from tcal.taylor.phase2 import AlignConfig, align_layers
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
+from tcal.utils.runtime import memory_budget
 
 
 def split_calibration(n: int, heldout_frac: float, max_heldout: int = AlignConfig.heldout_max_sequences,
@@ -63,13 +64,7 @@ LAZY_GROUP_BYTES: int | None = None
 
 
 def group_bytes_for(device) -> int:
-    if LAZY_GROUP_BYTES is not None:
-        return LAZY_GROUP_BYTES
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free // 4)
-    return 4 << 30
+    return LAZY_GROUP_BYTES if LAZY_GROUP_BYTES is not None else memory_budget(device)
 
 
 def capture_group(first: int, then: Sequence[int], per_layer_bytes: int, budget: int) -> list[int]:

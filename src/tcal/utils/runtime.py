@@ -55,6 +55,16 @@ def peak_memory(device: torch.device) -> dict:
         return {"kind": "unknown", "bytes": None}
 
 
+def memory_budget(device) -> int:
+    """Bytes a stage may hold on ``device`` for a cache it can do without: a quarter of the free memory on
+    CUDA (the rest is for the model, its activations and gradients), 4 GiB on CPU."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 4)
+    return 4 << 30
+
+
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % (2 ** 32))
