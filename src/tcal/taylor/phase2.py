@@ -124,24 +124,24 @@ def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[tor
     return qkv, gate, frozen
 
 
-def _finite(params: Sequence[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in params)
-
-
 class _Minibatches:
     """Indices of the training sequences per step: the full batch, or reshuffled minibatches."""
 
     def __init__(self, n: int, batch_size: int | None, seed: int, device):
         self.n, self.bs, self.device = n, (n if not batch_size else min(batch_size, n)), device
         self.gen = torch.Generator().manual_seed(seed)
-        self.order, self.cursor = (torch.randperm(n, generator=self.gen) if self.bs < n else None), 0
+        self.order, self.cursor = (self._shuffle() if self.bs < n else None), 0
+
+    def _shuffle(self) -> torch.Tensor:
+        # one copy to the device per epoch: a pageable host-to-GPU copy per step waits for the GPU
+        return torch.randperm(self.n, generator=self.gen).to(self.device)
 
     def next(self) -> torch.Tensor | None:  # None = all sequences
         if self.bs >= self.n:
             return None
         if self.cursor + self.bs > self.n:
-            self.order, self.cursor = torch.randperm(self.n, generator=self.gen), 0
-        idx = self.order[self.cursor : self.cursor + self.bs].to(self.device)
+            self.order, self.cursor = self._shuffle(), 0
+        idx = self.order[self.cursor : self.cursor + self.bs]
         self.cursor += self.bs
         return idx
 
@@ -174,17 +174,22 @@ def _restore(params, state) -> None:
 
 def _step(gdn, opt, trained, xb, yb, grad_clip: float) -> float | None:
     """One AdamW step on the MSE to the teacher; the loss, or None if the loss, gradient or the
-    updated weights are not finite (the caller restores the weights)."""
+    updated weights are not finite (the caller then restores the weights and clears the moments).
+
+    The three checks are folded into one tensor that is read together with the loss: one wait for
+    the GPU per step instead of one per check and per trained tensor, which left a GPU idle between
+    the small kernels of one layer's step. A non-finite loss or gradient still reaches ``opt.step``,
+    whose result the caller throws away."""
     opt.zero_grad(set_to_none=True)
     loss = F.mse_loss(gdn(xb)[0].float(), yb)
-    if not bool(torch.isfinite(loss)):
-        return None
     loss.backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(trained, grad_clip) if grad_clip else None
-    if gnorm is not None and not bool(torch.isfinite(gnorm)):
-        return None
+    ok = torch.isfinite(loss)
+    if grad_clip:
+        ok = ok & torch.isfinite(torch.nn.utils.clip_grad_norm_(trained, grad_clip))
     opt.step()
-    return loss.item() if _finite(trained) else None
+    ok = ok & torch.stack([torch.isfinite(p).all() for p in trained]).all()
+    value, good = torch.stack([loss.detach(), ok.to(loss.dtype)]).tolist()
+    return value if good else None
 
 
 def align_layer(
