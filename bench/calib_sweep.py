@@ -24,7 +24,9 @@ CALIB = {"wiki": "wiki:calib", "mix": "wiki:calib+shakespeare:calib"}
 EVAL = ("wiki:eval", "shakespeare:eval", "sotu:eval")
 EVAL_WINDOWS, EVAL_WINDOW = 32, 512
 BUDGETS = {"1k": (4, 256), "4k": (8, 512), "16k": (32, 512), "64k": (128, 512), "256k": (512, 512),
-           "1m": (2048, 512)}
+           "1m": (2048, 512), "256k-2k": (128, 2048)}
+# tokens per Phase 2 / KL-stage step at 512-token windows; longer windows take fewer of them per step
+ALIGN_TOKENS, KL_TOKENS = 16 * 512, 8 * 512
 # niah15: the 15 layers whose attention carries retrieval on the teacher (`tcal convert --keep niah:15`,
 # scored on sotu:calib prompts; README, "Retrieval-aware selection")
 KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4)),
@@ -61,7 +63,10 @@ def job_sets() -> dict[str, list[dict]]:
     # twice the KL steps at 256K, then the 1M-token end of the curve (phase2 and taylor)
     longer_kl = [dict(keep="50", method="tes-kl", calib="mix", budget=b, kl_steps=600) for b in ("256k", "1m")]
     longer_kl.append(dict(keep="50", method="phase2", calib="mix", budget="1m"))
-    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "mix": mix, "methods1": methods1, "curve": curve,
+    # retrieval beyond the calibration length: the same 256K tokens in 2K-token windows (the quality step's
+    # passkey then says whether the GDN layers keep up with the kept attention beyond 1K)
+    long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "long-window": long_window, "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
 
@@ -91,10 +96,11 @@ def tokens_step(args) -> None:
 def align_for(budget: str, steps: int):
     from tcal.taylor.phase2 import AlignConfig
 
-    n, _ = BUDGETS[budget]
+    n, w = BUDGETS[budget]
     if budget == "1k":  # the reference protocol: full-batch steps, held-out check every step
         return AlignConfig(steps=steps)
-    return AlignConfig(steps=steps, batch_size=min(16, n), eval_every=5, schedule="cosine", warmup_steps=10)
+    return AlignConfig(steps=steps, batch_size=min(max(1, ALIGN_TOKENS // w), n), eval_every=5, schedule="cosine",
+                       warmup_steps=10)
 
 
 def job_name(job: dict, kl_steps: int) -> str:
@@ -128,7 +134,8 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     cal = prepare(teacher, ids, gdn, heldout_frac=align.heldout_frac, max_heldout=align.heldout_max_sequences,
                   statistics=phase1 is not None, device=device)
     prep_s = time.perf_counter() - t0
-    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps), batch_size=8 if job["budget"] != "1k" else 3, eval_every=5, patience=4)
+    kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
+    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps), batch_size=kl_batch, eval_every=5, patience=4)
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
     conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
                                progress=True)
