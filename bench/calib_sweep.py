@@ -66,7 +66,8 @@ def job_sets() -> dict[str, list[dict]]:
     # retrieval beyond the calibration length: the same 256K tokens in 2K-token windows (the quality step's
     # passkey then says whether the GDN layers keep up with the kept attention beyond 1K)
     long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
-    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "long-window": long_window, "mix": mix, "methods1": methods1, "curve": curve,
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "long-window": long_window,
+            "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
 

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from tcal.conversion.inits import get_init
 from tcal.recipes.recover import RESUME_FREE
 from tcal.report.plots import plot_recovery
 from tcal.report.targets import table_markdown, target_table
@@ -97,10 +98,10 @@ def main(argv=None) -> None:
     conflicts = calib_conflicts(calibs)
     if conflicts:
         raise SystemExit("the inits were calibrated with different settings: " + " | ".join(conflicts))
-    unknown = [i for i, c in calibs.items() if c is None and i != "copy"]
+    unknown = [i for i, c in calibs.items() if c is None and get_init(i).calibrated]
     if unknown:
-        print(f"note: no recorded calibration settings for {', '.join(unknown)} (uncalibrated, or a run older "
-              "than session 8): they could not be compared")
+        print(f"note: no recorded calibration settings for {', '.join(unknown)} (a run older than session 8): "
+              "they could not be compared")
     if max(teacher) - min(teacher) > 1e-3 * max(teacher):
         raise SystemExit(f"the runs measured different teacher PPLs ({teacher}): not one evaluation")
     order = [i for i in args.order.split(",") if i in curves] + sorted(set(curves) - set(args.order.split(",")))

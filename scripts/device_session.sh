@@ -115,8 +115,8 @@ for step in "$@"; do
       # schedule and budget for each; both calibrated inits read the same 512 x 512 mixed calibration tokens.
       # The calibrated inits go first: a conversion cannot pause, so it must not straddle a call's deadline.
       # --keep-init keeps each init's weights before training (the quality step scores both).
-      # Sessions 6-7 ran taylor with the large budget's 100 KL steps; it is 300 since session 8, so a taylor run
-      # made now differs from theirs although bench/merge_recovery.py sees equal settings (phase2 and copy do not).
+      # Sessions 6-7 ran taylor with the large budget's 100 KL steps; it is 300 since session 8. Their runs record
+      # no resolved calibration settings, so bench/merge_recovery.py can only say it could not compare them.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-8000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-taylor,taylor-reference,copy}" --run $R50 \
         --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \

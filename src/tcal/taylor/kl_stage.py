@@ -58,9 +58,9 @@ def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def teacher_hidden(teacher, ids: torch.Tensor, batch_size: int, device) -> torch.Tensor:
-    """The teacher's final hidden states (after its final norm) of ``ids`` (N, T): (N, T, D) on ``device``."""
-    base_t, _ = lm_parts(teacher)
+def teacher_hidden(base_t, ids: torch.Tensor, batch_size: int, device) -> torch.Tensor:
+    """The final hidden states (after the final norm) of the teacher decoder ``base_t`` for ``ids`` (N, T):
+    (N, T, D) on ``device``."""
     return torch.cat([final_hidden(base_t, ids[s : s + batch_size].to(device))
                       for s in range(0, ids.shape[0], batch_size)])
 
@@ -110,12 +110,11 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     # save a teacher forward per step and one per held-out sequence per evaluation.
     held_t = train_t = None
     if cfg.cache_teacher:
-        room = memory_budget(dev)
-        if _hidden_bytes(teacher, heldout_ids) <= room:
-            held_t = teacher_hidden(teacher, heldout_ids, cfg.batch_size, dev)
-            room -= held_t.numel() * held_t.element_size()
+        room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
+        if need <= room:
+            held_t, room = teacher_hidden(base_t, heldout_ids, cfg.batch_size, dev), room - need
         if _hidden_bytes(teacher, train_ids) <= room:
-            train_t = teacher_hidden(teacher, train_ids, cfg.batch_size, dev)
+            train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
     best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
     best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
     curve, held_curve = [], [(0, before)]
