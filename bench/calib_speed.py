@@ -30,6 +30,10 @@ def main() -> None:
     p.add_argument("--num-layers", type=int, default=0, help="override the depth (CPU smoke runs)")
     p.add_argument("--group-bytes", type=float, default=None,
                    help="bytes of x + out one lazy teacher pass may hold (1 = one pass per layer; default: by device)")
+    p.add_argument("--concurrent", default="auto", choices=("auto", "on", "off"),
+                   help="Phase 2 with the layers of a teacher pass side by side (auto: on CUDA)")
+    p.add_argument("--tf32", default="auto", choices=("auto", "on", "off"),
+                   help="TF32 matrix products in Phase 2 and the KL stage (auto: on CUDA)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -55,8 +59,9 @@ def main() -> None:
     spec = get_init(args.init)
     ids = torch.randint(0, teacher.config.vocab_size, (args.windows, args.window),
                         generator=torch.Generator().manual_seed(0))
+    switch = {"auto": None, "on": True, "off": False}
     align = AlignConfig(steps=args.steps, batch_size=args.batch_size, eval_every=args.eval_every,
-                        schedule="cosine", warmup_steps=10)
+                        schedule="cosine", warmup_steps=10, concurrent=switch[args.concurrent], tf32=switch[args.tf32])
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     sync()
     t0 = time.perf_counter()
@@ -66,7 +71,7 @@ def main() -> None:
     prepare_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     conv = convert_with_record(teacher, keep, spec.name, calib_ids=cal, align=align,
-                               kl=KLConfig(steps=args.kl_steps, batch_size=8) if spec.kl else None)
+                               kl=KLConfig(steps=args.kl_steps, batch_size=8, tf32=switch[args.tf32]) if spec.kl else None)
     sync()
     total = time.perf_counter() - t0
     d = conv.record["detail"]
@@ -74,8 +79,11 @@ def main() -> None:
            "tokens": args.windows * args.window, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
            "capture_and_stats_s": prepare_s, "convert_s": time.perf_counter() - t1,
            "phase1_s": sum(r.get("wall_s", 0) for r in (d.get("phase1") or {}).values()),
+           "phase1_layer_s": [round(r.get("wall_s", 0), 3) for r in (d.get("phase1") or {}).values()],
            "phase2_s": sum(r["wall_s"] for r in (d.get("phase2") or {}).values()),
            "kl_s": (d.get("kl") or {}).get("wall_s"), "lazy_teacher_passes": cal.passes,
+           "phase2_groups": sorted({tuple(r.get("group", [r["layer"]])) for r in (d.get("phase2") or {}).values()}),
+           "concurrent": args.concurrent, "tf32": args.tf32, "steps": args.steps, "window": args.window,
            "total_s": total}
     print(json.dumps(row, indent=1))
     if args.json:

@@ -24,7 +24,7 @@ CALIB = {"wiki": "wiki:calib", "mix": "wiki:calib+shakespeare:calib"}
 EVAL = ("wiki:eval", "shakespeare:eval", "sotu:eval")
 EVAL_WINDOWS, EVAL_WINDOW = 32, 512
 BUDGETS = {"1k": (4, 256), "4k": (8, 512), "16k": (32, 512), "64k": (128, 512), "256k": (512, 512),
-           "1m": (2048, 512), "256k-2k": (128, 2048)}
+           "1m": (2048, 512), "256k-2k": (128, 2048), "256k-4k": (64, 4096)}
 # tokens per Phase 2 / KL-stage step at 512-token windows; longer windows take fewer of them per step
 ALIGN_TOKENS, KL_TOKENS = 16 * 512, 8 * 512
 # niah15: the 15 layers whose attention carries retrieval on the teacher (`tcal convert --keep niah:15`,
@@ -66,7 +66,13 @@ def job_sets() -> dict[str, list[dict]]:
     # retrieval beyond the calibration length: the same 256K tokens in 2K-token windows (the quality step's
     # passkey then says whether the GDN layers keep up with the kept attention beyond 1K)
     long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
+    # the same 256K tokens in 4K-token windows, the longest passkey length tested (the teacher's context is 8K)
+    long_window4k = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-4k", kl_steps=300) for k in ("niah15", "50")]
+    # 73 % converted at the GPU budget: taylor (300 KL steps) against phase2 on the same tokens
+    ratio73 = [dict(keep="73", method="tes-kl", calib="mix", budget="256k", kl_steps=300),
+               dict(keep="73", method="phase2", calib="mix", budget="256k")]
     return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "long-window": long_window,
+            "long-window-4k": long_window4k, "ratio73": ratio73,
             "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 
@@ -110,7 +116,7 @@ def job_name(job: dict, kl_steps: int) -> str:
 
 
 def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100,
-            save: Path | None = None, tokenizer=None) -> dict:
+            save: Path | None = None, tokenizer=None, kl_steps_all: int | None = None) -> dict:
     import numpy as np
     import torch
 
@@ -136,7 +142,8 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
                   statistics=phase1 is not None, device=device)
     prep_s = time.perf_counter() - t0
     kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
-    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps), batch_size=kl_batch, eval_every=5, patience=4)
+    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all,
+                      batch_size=kl_batch, eval_every=5, patience=4)
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
     conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
                                progress=True)
@@ -152,7 +159,10 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
         if tokenizer is not None:
             tokenizer.save_pretrained(save / label)
     return {**job, "name": label, "tokens": int(ids.numel()), "ppl": ppl, "prepare_s": prep_s, "convert_s": convert_s,
+            "phase1_s": sum(r.get("wall_s", 0) for r in (detail.get("phase1") or {}).values()),
             "phase2_s": sum(r["wall_s"] for r in p2.values()),
+            "phase2_groups": sorted({tuple(r.get("group", [r["layer"]])) for r in p2.values()}),
+            "lazy_teacher_passes": cal.passes,
             "heldout_cos": sum(r["heldout_cos"] for r in p2.values()) / max(1, len(p2)),
             "kl": {k: detail["kl"][k] for k in ("heldout_kl_before", "heldout_kl", "best_step", "steps_run", "wall_s")}
             if "kl" in detail else None}
@@ -195,7 +205,7 @@ def run_step(args) -> None:
         print(f"start {job_name(job, args.kl_steps)} at {t0 - start:.0f} s", flush=True)
         try:
             row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps,
-                          Path(args.save) if args.save else None, tok)
+                          Path(args.save) if args.save else None, tok, args.kl_steps_all)
         except Exception as e:  # one failed job must not lose the others' results
             row = {**job, "error": f"{type(e).__name__}: {e}"}
         row["wall_s"] = time.perf_counter() - t0
@@ -217,6 +227,8 @@ def main() -> None:
     r.add_argument("--device", default="cuda")
     r.add_argument("--steps", type=int, default=300, help="Phase 2 steps per layer")
     r.add_argument("--kl-steps", type=int, default=100, help="KL stage steps (methods with a KL stage)")
+    r.add_argument("--kl-steps-all", type=int, default=None,
+                   help="KL stage steps for every job, over a job's own (its name keeps the job's own count)")
     r.add_argument("--out", required=True)
     r.add_argument("--save", default=None, help="save each converted hybrid to SAVE/<job name>")
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")

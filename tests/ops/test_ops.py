@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from helpers import assert_close
 
-from tcal.ops import chunk_gated_delta_rule_torch, gated_delta_rule, naive_recurrent_gated_delta_rule
+from tcal.ops import (chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch, gated_delta_rule,
+                      naive_recurrent_gated_delta_rule)
 
 
 def inputs(B, T, H, K, V, seed=0, requires_grad=False):
@@ -44,17 +45,41 @@ def test_chunk_forward_and_state(T, chunk):
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 257])
 @pytest.mark.parametrize("chunk", [16, 64])
-def test_chunk_gradients(T, chunk):
+@pytest.mark.parametrize("fn", [chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch], ids=["loop", "scan"])
+def test_chunk_gradients(T, chunk, fn):
     ref = inputs(1, T, 2, 8, 8, seed=100 + T, requires_grad=True)
     tst = inputs(1, T, 2, 8, 8, seed=100 + T, requires_grad=True)
     w = torch.randn(1, T, 2, 8, generator=torch.Generator().manual_seed(7))
     ws = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(8))
     o, s = naive_recurrent_gated_delta_rule(*ref[:5], initial_state=ref[5], output_final_state=True)
     ((o * w).sum() + (s * ws).sum()).backward()
-    o, s = chunk_gated_delta_rule_torch(*tst[:5], initial_state=tst[5], output_final_state=True, chunk_size=chunk)
+    o, s = fn(*tst[:5], initial_state=tst[5], output_final_state=True, chunk_size=chunk)
     ((o * w).sum() + (s * ws).sum()).backward()
     for name, a, b in zip(["q", "k", "v", "g", "beta", "h0"], tst, ref):
-        assert_close(a.grad, b.grad, 1e-4, f"T={T} chunk={chunk} grad {name}")
+        assert_close(a.grad, b.grad, 1e-4, f"{fn.__name__} T={T} chunk={chunk} grad {name}")
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 257, 1100])
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_scan_forward_and_state(T, chunk, with_state):
+    """The parallel scan over chunks (N = 1 .. 69 chunks: 0 .. 7 doubling rounds, N not a power of two)."""
+    q, k, v, g, b, h0 = inputs(2, T, 3, 16, 8, seed=T)
+    h0 = h0 if with_state else None
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True)
+    o, s = chunk_scan_gated_delta_rule_torch(q, k, v, g, b, initial_state=h0, output_final_state=True,
+                                             chunk_size=chunk)
+    assert_close(o, o_ref, 1e-5, f"scan T={T} chunk={chunk} output")
+    assert_close(s, s_ref, 1e-5, f"scan T={T} chunk={chunk} state")
+
+
+def test_scan_is_the_backend_asked_for_and_stays_finite_under_strong_decay():
+    q, k, v, g, b, h0 = inputs(1, 300, 2, 8, 8)
+    g = torch.full_like(g, -20.0)  # every chunk's state transition nearly zero: products of them underflow
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True)
+    o, s = gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True, backend="scan", chunk_size=32)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert_close(o, o_ref, 1e-5, "scan output, log decay -20")
 
 
 def test_strong_decay_is_stable():

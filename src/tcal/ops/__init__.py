@@ -1,11 +1,12 @@
 """Gated delta rule implementations, side by side:
 
     naive.py     fp32 token loop: the reference every other path is tested against
-    chunk.py     chunked pure PyTorch (WY form): the CPU default and the GPU training fallback
+    chunk.py     chunked pure PyTorch (WY form): the CPU default and the GPU training fallback; its state
+                 passed between chunks by a loop, or by a parallel scan (backend "scan")
     dispatch.py  gated_delta_rule(): picks naive / chunk / fla (flash-linear-attention on CUDA)
     fused.py     fla's fused inference kernels (one-token GDN step with in-kernel gating, gated RMSNorm)
 """
-from tcal.ops.chunk import chunk_gated_delta_rule_torch
+from tcal.ops.chunk import chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch
 from tcal.ops.dispatch import (
     BACKENDS,
     compile_by_default,
@@ -22,6 +23,7 @@ from tcal.ops.naive import naive_recurrent_gated_delta_rule
 __all__ = [
     "BACKENDS",
     "chunk_gated_delta_rule_torch",
+    "chunk_scan_gated_delta_rule_torch",
     "compile_by_default",
     "compile_training",
     "fla_available",

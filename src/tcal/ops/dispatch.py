@@ -2,6 +2,8 @@
 
     naive   fp32 token loop (reference, ops/naive.py)
     chunk   chunked pure PyTorch (CPU default, ops/chunk.py)
+    scan    the chunked form with the state passed between chunks by a parallel scan (ops/chunk.py):
+            kernels that grow with log2 of the chunks, not with the chunks; opt-in (TCAL_GDN_BACKEND=scan)
     fla     flash-linear-attention Triton kernels on CUDA: chunk for prefill / training,
             fused_recurrent for decode (single-token steps)
 
@@ -19,10 +21,10 @@ import os
 import torch
 
 from tcal.utils.errors import TcalError
-from tcal.ops.chunk import chunk_gated_delta_rule_torch
+from tcal.ops.chunk import chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch
 from tcal.ops.naive import naive_recurrent_gated_delta_rule
 
-BACKENDS = ("auto", "naive", "chunk", "fla")
+BACKENDS = ("auto", "naive", "chunk", "scan", "fla")
 log = logging.getLogger(__name__)
 
 
@@ -144,6 +146,9 @@ def gated_delta_rule(
     kind = resolve_backend(backend, q.device, q.shape[1], needs_grad)
     if kind == "naive":
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state)
+    if kind == "scan":
+        return chunk_scan_gated_delta_rule_torch(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                 chunk_size=chunk_size)
     if kind == "chunk":
         args = (q, k, v, g, beta, scale, initial_state, output_final_state)
         if needs_grad and _compile_enabled():

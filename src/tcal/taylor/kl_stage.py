@@ -41,6 +41,7 @@ class KLConfig:
     # keep the frozen teacher's final hidden states of the held-out and training sequences instead of
     # a teacher forward per step and per evaluation, as far as they fit runtime.memory_budget
     cache_teacher: bool = True
+    tf32: bool | None = None  # TF32 matrix products on CUDA (None or True; False: full fp32)
 
     def __post_init__(self):
         if self.steps < 0:

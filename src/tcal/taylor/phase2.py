@@ -26,9 +26,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from tcal.modules.gdn import GatedDeltaNet
+from tcal.modules.gdn_stack import GDNStack
 from tcal.taylor.capture import LayerIO
 from tcal.taylor.layer_fit import gdn_device_dtype, layer_output, output_fit
 from tcal.utils.errors import TcalError
+from tcal.utils.runtime import memory_budget
 from tcal.utils.schedule import lr_at
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,13 @@ class AlignConfig:
     # "residual" = teacher residual after the attention minus the student's residual before it,
     # i.e. the output that puts the hybrid's residual stream back onto the teacher's.
     target: str = "attn"
+    # Fit the layers of one teacher pass side by side (tcal.modules.gdn_stack): one batched step for all
+    # of them instead of one small step each. The same fits up to float rounding; None: on CUDA, where
+    # the small per-layer steps leave the GPU waiting on launches (on CPU it saves nothing).
+    concurrent: bool | None = None
+    # TF32 matrix products on CUDA (None or True; False: full fp32). Calibration fits tolerate TF32's
+    # 10-bit mantissa and run several times faster with it; CPU is unaffected.
+    tf32: bool | None = None
 
     def __post_init__(self):
         for name, low in (("lr_qkv", 0), ("lr_gate", 0), ("weight_decay", None), ("grad_clip", None)):
@@ -279,6 +288,224 @@ def align_layer(
     }
 
 
+def fit_bytes(gdn: GatedDeltaNet, tokens: int) -> int:
+    """A rough upper bound on the bytes one Phase-2 training step of ``gdn`` keeps for its backward over
+    ``tokens`` tokens (projections, norms, the chunked recurrence's decay matrices and per-chunk states)."""
+    D, H, d, C = gdn.shape.hidden_size, gdn.num_heads, gdn.head_dim, gdn.shape.chunk_size
+    per_token = 2 * D + H * d * (16 + 2 * d // C) + 6 * H * C
+    return 4 * tokens * per_token
+
+
+def concurrent_groups(gdns: Mapping[int, GatedDeltaNet], layers: Sequence[int], tokens_per_step: int,
+                      budget: int) -> list[list[int]]:
+    """``layers`` cut, in order, into groups fitted side by side: runs of layers of one shape, each cut
+    into equal shares of at most as many layers as one step's activations of all of them fit in
+    ``budget`` bytes (equal shares: one compiled shape for the stacked training step)."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and gdns[runs[-1][0]].shape == gdns[i].shape:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    groups = []
+    for run in runs:
+        per_group = max(1, budget // max(1, fit_bytes(gdns[run[0]], tokens_per_step)))
+        n = -(-len(run) // per_group)
+        size = -(-len(run) // n)
+        groups += [run[s : s + size] for s in range(0, len(run), size)]
+    return groups
+
+
+def _stack_inputs(parts: Sequence[torch.Tensor], idx: torch.Tensor | None) -> torch.Tensor:
+    """(G, B, T, D) from each layer's (N, T, D) rows ``idx`` (all rows for None)."""
+    return torch.stack([p if idx is None else p[idx] for p in parts])
+
+
+# tokens of all layers together per forward of the stack's held-out and before/after checks
+FIT_TOKENS = 1 << 16
+
+
+@torch.no_grad()
+def _stack_fit(stack: GDNStack, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
+    """Per layer, :func:`output_fit` of the stack's output on ``xs`` against ``ys``: (relative MSE, mean cosine)."""
+    G, n = len(xs), xs[0].shape[0]
+    batch_size = max(1, FIT_TOKENS // (G * xs[0].shape[1]))
+    err = torch.zeros(G, dtype=torch.float64, device=ys[0].device)
+    ref, cos = torch.zeros_like(err), torch.zeros_like(err)
+    for s in range(0, n, batch_size):
+        pred = stack(_stack_inputs([x[s : s + batch_size] for x in xs], None)).float()
+        y = _stack_inputs([t[s : s + batch_size] for t in ys], None)
+        err += (pred - y).pow(2).flatten(1).sum(1).double()
+        ref += y.pow(2).flatten(1).sum(1).double()
+        cos += F.cosine_similarity(pred, y, dim=-1).flatten(1).sum(1).double()
+    tokens = n * xs[0].shape[1]
+    return [(float(e / max(r, 1e-30)), float(c / tokens)) for e, r, c in zip(err.tolist(), ref.tolist(), cos.tolist())]
+
+
+def _group_step(stack: GDNStack, opt, trained, xb, yb, grad_clip: float) -> tuple[list[float], list[bool]]:
+    """:func:`_step` for every layer of the stack at once: one backward of the sum of the layers' MSEs
+    (each layer's gradient is its own loss's: they share no parameter), each layer's gradient clipped by
+    its own norm as ``clip_grad_norm_`` clips it, then one AdamW step. Returns each layer's loss and
+    whether its loss, gradient and updated weights are finite, read in one wait for the device."""
+    opt.zero_grad(set_to_none=True)
+    per = (stack(xb).float() - yb).pow(2).flatten(1).mean(1)  # (G,)
+    per.sum().backward()
+    ok = torch.isfinite(per)
+    if grad_clip:
+        grads = [p.grad for p in trained if p.grad is not None]
+        norms = torch.stack([g.flatten(1).float().pow(2).sum(1) for g in grads]).sum(0).sqrt()  # (G,)
+        coef = (grad_clip / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+        ok = ok & torch.isfinite(norms)
+    opt.step()
+    ok = ok & torch.stack([torch.isfinite(p).flatten(1).all(1) for p in trained]).all(0)
+    values = torch.cat([per.detach(), ok.to(per.dtype)]).tolist()
+    G = per.shape[0]
+    return values[:G], [v > 0.5 for v in values[G:]]
+
+
+@torch.no_grad()
+def _restore_slice(params, state, g: int) -> None:
+    for p, s in zip(params, state):
+        p[g].copy_(s[g])
+
+
+def align_group(
+    gdns: Mapping[int, GatedDeltaNet],
+    train: Mapping[int, LayerIO],
+    heldout: Mapping[int, LayerIO] | None,
+    cfg: AlignConfig,
+    progress: bool = True,
+) -> dict[int, dict]:
+    """Phase 2 on several layers side by side, in place: what :func:`align_layer` does to each, in one
+    batched step per step for all of them (:class:`tcal.modules.gdn_stack.GDNStack`). Every layer sees the
+    same minibatch order (one seed), keeps its own best held-out state, stops by its own patience or
+    non-finite steps; a stopped layer keeps training with the others, its result unused. One difference:
+    after a non-finite step a layer's AdamW moments are zeroed but its step count (shared by the stack's
+    tensors) is not, where :func:`align_layer` restarts it. Returns {layer: record}; each record's
+    ``group`` lists the layers fitted together and ``wall_s`` is its share of their wall time."""
+    t0 = time.perf_counter()
+    layers = sorted(gdns)
+    G = len(layers)
+    dev, dt = gdn_device_dtype(gdns[layers[0]])
+    xs = [train[i].x.to(dev, dt) for i in layers]
+    ys = [train[i].out.to(dev).float() for i in layers]
+    if len({x.shape for x in xs}) != 1:
+        raise TcalError("the layers fitted together need training activations of one shape (the same sequences)")
+    helds = [(heldout or {}).get(i) for i in layers]
+    has_held = all(h is not None and h.x.shape[0] > 0 for h in helds)
+    hxs = [h.x.to(dev, dt) for h in helds] if has_held else []
+    hys = [h.out.to(dev).float() for h in helds] if has_held else []
+    stack = GDNStack([gdns[i] for i in layers])
+    roots = {n: n.split(".")[0] for n in stack.names}
+    unknown = [n for n, r in roots.items() if r not in QKV_PARAMS + GATE_PARAMS + FROZEN_PARAMS]
+    if unknown:
+        raise TcalError(f"GDN parameter {unknown[0]!r} is in no Phase 2 group; update tcal.align")
+    qkv = [stack.param(n) for n in stack.names if roots[n] in QKV_PARAMS]
+    gate = [stack.param(n) for n in stack.names if roots[n] in GATE_PARAMS]
+    trained = qkv + gate
+    for n in stack.names:
+        stack.param(n).requires_grad_(roots[n] not in FROZEN_PARAMS)
+    groups = [g for g in ({"params": qkv, "lr": cfg.lr_qkv}, {"params": gate, "lr": cfg.lr_gate}) if g["params"]]
+    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    base_lrs = [g["lr"] for g in opt.param_groups]
+
+    train_before = _stack_fit(stack, xs, ys)
+    held_before = _stack_fit(stack, hxs, hys) if has_held else [(None, None)] * G
+    best_score = [h[0] for h in held_before] if has_held else [math.inf] * G
+    best_state, best_step = _snapshot(trained), [0] * G
+    curves: list[list[float]] = [[] for _ in layers]
+    held_curves: list[list] = [[] for _ in layers]
+    bad_steps: list[list[int]] = [[] for _ in layers]
+    stale, active = [0] * G, [True] * G
+    batches = _Minibatches(xs[0].shape[0], cfg.batch_size, cfg.seed, dev)
+    full_x = _stack_inputs(xs, None) if batches.bs >= batches.n else None  # full batch: stacked once
+    full_y = _stack_inputs(ys, None) if full_x is not None else None
+    steps = range(1, cfg.steps + 1)
+    bar = tqdm(steps, desc=f"phase 2 layers {layers[0]}-{layers[-1]} ({G} side by side)", unit="step",
+               leave=False) if progress else None
+    try:
+        with torch.enable_grad():
+            for step in bar if bar is not None else steps:
+                idx = batches.next()
+                for g, lr in zip(opt.param_groups, base_lrs):
+                    g["lr"] = lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
+                before = _snapshot(trained)
+                xb = full_x if full_x is not None else _stack_inputs(xs, idx)
+                yb = full_y if full_y is not None else _stack_inputs(ys, idx)
+                losses, oks = _group_step(stack, opt, trained, xb, yb, cfg.grad_clip)
+                stepped = [False] * G
+                for j in range(G):
+                    if not active[j]:
+                        continue
+                    if not oks[j]:
+                        bad_steps[j].append(step)
+                        _restore_slice(trained, before, j)
+                        for p in trained:  # moments may hold the NaN; start them afresh
+                            for buf in ("exp_avg", "exp_avg_sq"):
+                                if buf in opt.state.get(p, {}):
+                                    opt.state[p][buf][j].zero_()
+                        if len(bad_steps[j]) == 1:
+                            log.warning("phase 2, layer %s: non-finite loss/gradient/weights at step %d; restored the "
+                                        "last good state and %s", layers[j], step,
+                                        "stopped this layer" if cfg.on_nonfinite == "stop" else "skipped the step")
+                        if cfg.on_nonfinite == "stop" or len(bad_steps[j]) >= cfg.max_nonfinite:
+                            active[j] = False
+                        continue
+                    curves[j].append(losses[j])
+                    stepped[j] = True
+                    if not has_held and losses[j] < best_score[j]:  # measured on the weights before this step
+                        best_score[j], best_step[j] = losses[j], step - 1
+                        for b, s in zip(best_state, before):
+                            b[j].copy_(s[j])
+                if has_held and (step % cfg.eval_every == 0 or step == cfg.steps) and any(stepped):
+                    rels = [r for r, _ in _stack_fit(stack, hxs, hys)]
+                    for j in range(G):
+                        if not stepped[j]:
+                            continue
+                        held_curves[j].append((step, rels[j]))
+                        if math.isfinite(rels[j]) and rels[j] < best_score[j]:
+                            best_score[j], best_step[j], stale[j] = rels[j], step, 0
+                            for b, p in zip(best_state, trained):
+                                b[j].copy_(p.detach()[j])
+                        else:
+                            stale[j] += 1
+                            if cfg.patience is not None and stale[j] >= cfg.patience:
+                                active[j] = False
+                if bar is not None:
+                    bar.set_postfix(active=sum(active), loss=f"{sum(losses) / G:.3g}")
+                if not any(active):
+                    break
+    finally:
+        if bar is not None:
+            bar.close()
+        _restore(trained, best_state)
+        stack.write_back()
+    train_after = _stack_fit(stack, xs, ys)
+    held_after = _stack_fit(stack, hxs, hys) if has_held else [(None, None)] * G
+    wall = time.perf_counter() - t0
+    return {
+        layer: {
+            "layer": layer, "steps_run": len(curves[j]), "best_step": best_step[j], "train_loss": curves[j],
+            "inputs": cfg.inputs, "target": cfg.target, "heldout_curve": held_curves[j],
+            "train_rel_mse_before": train_before[j][0], "train_cos_before": train_before[j][1],
+            "train_rel_mse": train_after[j][0], "train_cos": train_after[j][1],
+            "heldout_rel_mse_before": held_before[j][0], "heldout_cos_before": held_before[j][1],
+            "heldout_rel_mse": held_after[j][0], "heldout_cos": held_after[j][1],
+            "nonfinite_steps": bad_steps[j],
+            "train_tokens": int(xs[j].shape[0] * xs[j].shape[1]),
+            "heldout_tokens": int(hxs[j].shape[0] * hxs[j].shape[1]) if has_held else 0,
+            "wall_s": wall / G, "group": layers, "group_wall_s": wall,
+        }
+        for j, layer in enumerate(layers)
+    }
+
+
+def concurrent_on(cfg: AlignConfig, device) -> bool:
+    return cfg.concurrent if cfg.concurrent is not None else torch.device(device).type == "cuda"
+
+
 def align_layers(
     hybrid,
     train: Mapping[int, LayerIO],
@@ -287,7 +514,8 @@ def align_layers(
     layers: Sequence[int] | None = None,
     progress: bool = True,
 ) -> dict[int, dict]:
-    """Phase 2 on each GDN layer of ``hybrid`` (default: all), back to back.
+    """Phase 2 on each GDN layer of ``hybrid`` (default: all): back to back, or (``cfg.concurrent``)
+    side by side in groups whose steps fit the device's memory budget.
 
     ``train`` / ``heldout``: {layer: LayerIO} teacher activations of the training and the held-out
     calibration sequences (``heldout`` None or empty: keep the state of lowest training loss).
@@ -295,7 +523,7 @@ def align_layers(
     cfg = cfg or AlignConfig()
     gdns = hybrid.gdn_modules()
     layers = sorted(gdns) if layers is None else sorted(int(i) for i in layers)
-    records = {}
+    tr_by, ho_by = {}, {}
     for i in layers:
         if i not in gdns:
             raise TcalError(f"layer {i} is not a GDN layer of this hybrid")
@@ -307,5 +535,21 @@ def align_layers(
             ho = None if ho is None else ho.select((slice(None), slice(None, cfg.seq_len)))
         if cfg.train_sequences:
             tr = tr.select(slice(0, cfg.train_sequences))
-        records[i] = align_layer(gdns[i], tr, ho, cfg, progress=progress, layer=i)
+        tr_by[i], ho_by[i] = tr, ho
+    if not layers:
+        return {}
+    device, _ = gdn_device_dtype(gdns[layers[0]])
+    if not concurrent_on(cfg, device) or len(layers) == 1:
+        return {i: align_layer(gdns[i], tr_by[i], ho_by[i], cfg, progress=progress, layer=i) for i in layers}
+    x0 = tr_by[layers[0]].x
+    step_tokens = (min(cfg.batch_size or x0.shape[0], x0.shape[0])) * x0.shape[1]
+    records = {}
+    for group in concurrent_groups(gdns, layers, step_tokens, memory_budget(device)):
+        if len(group) == 1:
+            i = group[0]
+            records[i] = align_layer(gdns[i], tr_by[i], ho_by[i], cfg, progress=progress, layer=i)
+        else:
+            held = {i: ho_by[i] for i in group if ho_by[i] is not None}
+            records.update(align_group({i: gdns[i] for i in group}, {i: tr_by[i] for i in group}, held, cfg,
+                                       progress=progress))
     return records

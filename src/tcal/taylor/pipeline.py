@@ -29,10 +29,10 @@ from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
 from tcal.taylor import parallel
 from tcal.taylor.kl_stage import KLConfig, kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
-from tcal.taylor.phase2 import AlignConfig, align_layers
+from tcal.taylor.phase2 import AlignConfig, align_layers, concurrent_on
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
-from tcal.utils.runtime import memory_budget
+from tcal.utils.runtime import memory_budget, tf32_matmul
 
 
 def split_calibration(n: int, heldout_frac: float, max_heldout: int = AlignConfig.heldout_max_sequences,
@@ -68,16 +68,15 @@ def group_bytes_for(device) -> int:
 
 
 def capture_group(first: int, then: Sequence[int], per_layer_bytes: int, budget: int) -> list[int]:
-    """The layers one lazy teacher pass captures: ``first``, then those of ``then`` (in order) while
-    their x + out fit in ``budget`` bytes. Always at least ``first``."""
-    group = [first]
-    for i in then:
-        if i == first or i in group:
-            continue
-        if (len(group) + 1) * per_layer_bytes > budget:
-            break
-        group.append(i)
-    return group
+    """The layers one lazy teacher pass captures: ``first``, then the next of ``then`` (in order) as their
+    x + out fit in ``budget`` bytes, in equal shares: the passes that ``first`` and all of ``then`` need
+    take about as many layers each (21 layers that fit 10 at a time go 7, 7, 7, not 10, 10, 1), so the
+    layers fitted side by side come in groups of one size, i.e. one compiled shape. At least ``first``."""
+    rest = [i for i in dict.fromkeys(then) if i != first]
+    per_pass = max(1, budget // max(1, per_layer_bytes))
+    total = 1 + len(rest)
+    passes = -(-total // per_pass)
+    return [first, *rest[: -(-total // passes) - 1]]
 
 
 @dataclass
@@ -133,6 +132,17 @@ class Calibration:
         self.passes += 1
         self.pending.update({i: fresh[i] for i in group[1:]})
         return fresh[layer] if io is None else LayerIO(io.x, io.out, io.ctx, fresh[layer].resid)
+
+    def layer_ios(self, first: int, then: Sequence[int] = ()) -> dict[int, LayerIO]:
+        """``first`` and the layers of ``then`` that come with it: every one of them when all are captured,
+        or (lazy) as many as one grouped teacher pass takes (see :meth:`layer_io`)."""
+        if not self.lazy:
+            return {i: self.layer_io(i) for i in [first, *then]}
+        ios = {first: self.layer_io(first, then=then)}
+        for i in then:
+            if i in self.pending:
+                ios[i] = self.pending.pop(i)
+        return ios
 
     def has_layer(self, layer: int) -> bool:
         return layer in self.captured or (self.lazy and self.teacher is not None)
@@ -202,35 +212,46 @@ def student_layer_io(hybrid, calibration: Calibration, layer: int, target: str, 
 
 def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_size: int = 4,
                     progress: bool = False, spread: bool = True) -> dict[int, dict]:
-    """Phase 2 one layer at a time, bottom-up: on the teacher's inputs (``align.inputs ==
-    "teacher"``, from the capture or, lazy, captured now) or on the hybrid's own (``"student"``).
+    """Phase 2 bottom-up: on the teacher's inputs (``align.inputs == "teacher"``, from the capture or,
+    lazy, captured now; with ``align.concurrent`` the layers of one teacher pass are fitted side by side)
+    or on the hybrid's own (``"student"``, one layer at a time).
 
     Under a process group (``spread``, :mod:`tcal.taylor.parallel`), layer-local Phase 2 is spread
     over the ranks, each fitting its share of the layers, and every rank ends with every layer and
     record. Sequential Phase 2 stays serial on every rank: layer l is fitted on what the layers
     below it, already fitted, produce; rank 0's result is then given to all, so they agree exactly.
     """
-    records = {}
-    layers = sorted(hybrid.gdn_modules())
+    gdns = hybrid.gdn_modules()
+    layers = sorted(gdns)
     rank, world = parallel.ranks() if spread else (0, 1)
     owner = parallel.owners(layers, world)
     mine = [i for i in layers if owner[i] == rank] if align.inputs == "teacher" else layers
-    bar = mine
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(mine, desc=f"phase 2 ({'sequential' if align.inputs == 'student' else 'layer-local'})",
+        bar = tqdm(total=len(mine), desc=f"phase 2 ({'sequential' if align.inputs == 'student' else 'layer-local'})",
                    unit="layer", leave=False)
-    for i in bar:
+    side_by_side = align.inputs == "teacher" and concurrent_on(align, next(iter(gdns.values())).q_proj.weight.device)
+    records, todo = {}, list(mine)
+    while todo:
         if align.inputs == "student":
-            io = student_layer_io(hybrid, calibration, i, align.target, batch_size=batch_size)
+            ios = {todo[0]: student_layer_io(hybrid, calibration, todo[0], align.target, batch_size=batch_size)}
+        elif side_by_side:  # the layers of one teacher pass, fitted together (align_layers groups them by memory)
+            ios = calibration.layer_ios(todo[0], then=todo[1:])
         else:
-            io = calibration.layer_io(i, then=mine[mine.index(i) + 1:])
-        train, held = io.select(calibration.train_rows), io.select(calibration.heldout_rows)
-        records.update(align_layers(hybrid, {i: train}, {i: held}, align, layers=[i], progress=progress))
-        del io, train, held
+            ios = {todo[0]: calibration.layer_io(todo[0], then=todo[1:])}
+        group = [i for i in todo if i in ios]
+        train = {i: ios[i].select(calibration.train_rows) for i in group}
+        held = {i: ios[i].select(calibration.heldout_rows) for i in group}
+        records.update(align_layers(hybrid, train, held, align, layers=group, progress=progress))
+        todo = [i for i in todo if i not in ios]
+        del ios, train, held
+        if bar is not None:
+            bar.update(len(group))
+    if bar is not None:
+        bar.close()
     if world > 1:
-        gdns = hybrid.gdn_modules()
         if align.inputs == "teacher":
             records = parallel.share_layers(gdns, owner, records)
         else:
@@ -287,15 +308,17 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
                                         progress=progress, **phase1_switches)
     with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
         if phase2:
-            record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size, progress=progress,
-                                               spread=spread)
+            with tf32_matmul(device, align.tf32 is not False):
+                record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size,
+                                                   progress=progress, spread=spread)
         if kl is not None and kl.steps:
             rank, world = parallel.ranks() if spread else (0, 1)
             kl_record = None
             if rank == 0:
                 # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
-                kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
-                                     calibration.ids[calibration.heldout_rows], kl, progress=progress)
+                with tf32_matmul(device, kl.tf32 is not False):
+                    kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                         calibration.ids[calibration.heldout_rows], kl, progress=progress)
             if world > 1:
                 kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
             record["kl"] = kl_record

@@ -1,6 +1,7 @@
 """Devices, dtypes, autocast, memory and RNG state: the run-time facts every stage needs."""
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 
@@ -40,6 +41,23 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return torch.autocast(device.type, enabled=False)
     return torch.autocast(device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def tf32_matmul(device, on: bool = True):
+    """Within the block, fp32 matrix products on a CUDA ``device`` run on TF32 tensor cores (``on``): several
+    times fp32's throughput, with a 10-bit mantissa in the products and fp32 sums, enough for the fits of
+    calibration. The previous setting comes back afterwards; on CPU nothing changes."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type != "cuda":
+        yield
+        return
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = bool(on)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def peak_memory(device: torch.device) -> dict:
