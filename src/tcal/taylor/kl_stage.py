@@ -10,6 +10,7 @@ was given (on those sequences).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.taylor.capture import eager_attention, hooks
 from tcal.taylor.phase2 import lr_factor
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import memory_budget
@@ -42,6 +44,14 @@ class KLConfig:
     # a teacher forward per step and per evaluation, as far as they fit runtime.memory_budget
     cache_teacher: bool = True
     tf32: bool | None = None  # TF32 matrix products on CUDA (None or True; False: full fp32)
+    # Weight of an extra term: the relative MSE between the hybrid's and the teacher's residual streams
+    # entering each kept attention layer (0 = off). The logits' KL hardly sees whether a kept retrieval head
+    # still finds a distant token; this term asks for the inputs those heads were trained on. With it the
+    # teacher runs every step (its intermediate states are not cached).
+    attn_input_weight: float = 0.0
+    # Weight of an extra term: KL(teacher || hybrid) of the attention distributions of the kept attention
+    # layers (every head and query position; eager attention in both models; 0 = off).
+    attn_map_weight: float = 0.0
 
     def __post_init__(self):
         if self.steps < 0:
@@ -52,6 +62,10 @@ class KLConfig:
             raise TcalError("KL stage batch_size and eval_every must be >= 1")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
+        for name in ("attn_input_weight", "attn_map_weight"):
+            w = getattr(self, name)
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+                raise TcalError(f"KL stage {name} must be a finite number >= 0, got {w!r}")
 
 
 def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
@@ -69,6 +83,35 @@ def teacher_hidden(base_t, ids: torch.Tensor, batch_size: int, device) -> torch.
 def _hidden_bytes(teacher, ids: torch.Tensor) -> int:
     p = next(teacher.parameters())
     return ids.numel() * teacher.config.hidden_size * p.element_size()
+
+
+def kept_layer_terms(base_s, base_t, ids: torch.Tensor, layers, maps: bool = False):
+    """One pass of each decoder over ``ids`` (the teacher without grad): (hybrid's final hidden states, teacher's,
+    mean over ``layers`` of ||h_S - h_T||^2 / ||h_T||^2 for the residual streams entering them (hidden_states[i]
+    is layer i's input), and with ``maps`` the mean over those layers, heads and query positions of
+    KL(teacher || hybrid) of their attention distributions, else None)."""
+    probs: dict[str, dict[int, torch.Tensor]] = {"s": {}, "t": {}}
+    handles = []
+    if maps:
+        for tag, base in (("s", base_s), ("t", base_t)):
+            for i in layers:
+                handles.append(base.layers[i].self_attn.register_forward_hook(
+                    lambda _m, _a, res, tag=tag, i=i: probs[tag].__setitem__(i, res[1])))
+    with hooks(handles), (eager_attention(base_s) if maps else contextlib.nullcontext()), \
+            (eager_attention(base_t) if maps else contextlib.nullcontext()):
+        out_s = base_s(input_ids=ids, use_cache=False, output_hidden_states=True)
+        with torch.no_grad():
+            out_t = base_t(input_ids=ids, use_cache=False, output_hidden_states=True)
+    gaps = [(out_s.hidden_states[i].float() - out_t.hidden_states[i].float()).pow(2).sum()
+            / out_t.hidden_states[i].float().pow(2).sum().clamp_min(1e-30) for i in layers]
+    map_kl = None
+    if maps:
+        kls = []
+        for i in layers:
+            p_t, p_s = probs["t"][i].float(), probs["s"][i].float()  # (B, H, T, T), zero above the diagonal
+            kls.append((torch.xlogy(p_t, p_t) - p_t * p_s.clamp_min(1e-30).log()).sum(-1).mean())
+        map_kl = torch.stack(kls).mean()
+    return out_s.last_hidden_state, out_t.last_hidden_state, torch.stack(gaps).mean(), map_kl
 
 
 @torch.no_grad()
@@ -110,12 +153,17 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     # The teacher is frozen, so its hidden states of the fixed sequences never change: computed once they
     # save a teacher forward per step and one per held-out sequence per evaluation.
     held_t = train_t = None
+    # the kept attention layers past the first (layer 0's input is the embedding, the same in both models)
+    aux_layers = ([i for i in getattr(hybrid.config, "attention_layers", []) if i > 0]
+                  if cfg.attn_input_weight or cfg.attn_map_weight else [])
     if cfg.cache_teacher:
         room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
         if need <= room:
             held_t, room = teacher_hidden(base_t, heldout_ids, cfg.batch_size, dev), room - need
-        if _hidden_bytes(teacher, train_ids) <= room:
+        if not aux_layers and _hidden_bytes(teacher, train_ids) <= room:
             train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
+    gaps: list[float] = []
+    map_kls: list[float] = []
     best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
     best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
     curve, held_curve = [], [(0, before)]
@@ -132,17 +180,27 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                     g["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
                 idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
                 mb = train_ids[idx].to(dev)
-                if train_t is not None:
-                    ht = train_t[idx.to(dev)]
+                gap = map_kl = None
+                if aux_layers:  # one teacher pass gives its intermediate and its final states
+                    hs, ht, gap, map_kl = kept_layer_terms(base_s, base_t, mb, aux_layers, maps=bool(cfg.attn_map_weight))
                 else:
-                    with torch.no_grad():
-                        ht = final_hidden(base_t, mb)
-                hs = final_hidden(base_s, mb)
+                    if train_t is not None:
+                        ht = train_t[idx.to(dev)]
+                    else:
+                        with torch.no_grad():
+                            ht = final_hidden(base_t, mb)
+                    hs = final_hidden(base_s, mb)
                 # recomputing the logits in the backward only pays when they would not fit: below
                 # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
                 big = mb.numel() * head_s.weight.shape[0] > 2**28
                 loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s,
                                                    ht.reshape(-1, ht.shape[-1]), head_t, use_checkpoint=big)
+                if gap is not None:
+                    loss = loss + cfg.attn_input_weight * gap
+                    gaps.append(float(gap.detach()))
+                if map_kl is not None:
+                    loss = loss + cfg.attn_map_weight * map_kl
+                    map_kls.append(float(map_kl.detach()))
                 if not math.isfinite(kl):
                     log.warning("KL stage: non-finite KL at step %d; restored the best state (step %d) and stopped",
                                 step, best_step)
@@ -178,4 +236,5 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
             "heldout_kl_before": before, "heldout_kl": best,
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
             "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
+            "attn_input_layers": aux_layers, "train_attn_input_gap": gaps, "train_attn_map_kl": map_kls,
             "wall_s": time.perf_counter() - t0}
