@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 FIXTURE = Path(__file__).parents[1] / "fixtures"  # tests/fixtures
 
 
-def test_checkpoint_from_before_the_restructure_loads_with_identical_logits():
+def test_checkpoint_from_before_the_restructure_loads_with_its_logits(tmp_path):
     import tcal  # noqa: F401  (registers the tcal_hybrid model type)
     from transformers import AutoModelForCausalLM
 
@@ -18,4 +18,16 @@ def test_checkpoint_from_before_the_restructure_loads_with_identical_logits():
     ref = load_file(FIXTURE / "hybrid_v0_logits.safetensors")
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"], use_cache=False).logits
-    assert torch.equal(logits, ref["logits"])
+    # The stored logits were computed on another machine: CPUs of other kinds pick other fp32 GEMM kernels
+    # (AVX2, AVX-512, AMX) whose sums round differently, ~2e-7 here on values up to 0.45. A weight loaded into
+    # the wrong place or not at all moves them by 1e-2 and more. Bit-exact reloading is checked on this machine.
+    err = float((logits - ref["logits"]).abs().max() / ref["logits"].abs().max())
+    assert err < 1e-5, f"logits differ from the saved ones by {err:.2e} of their largest value"
+    assert torch.equal(logits.argmax(-1), ref["logits"].argmax(-1))
+
+    from tcal.train.checkpoint import save_model
+
+    save_model(model, tmp_path / "again")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(again(input_ids=ref["input_ids"], use_cache=False).logits, logits)
