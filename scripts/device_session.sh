@@ -24,7 +24,8 @@
 #   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
 #   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
 #   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
-#   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS)
+#   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS),
+#                  passkey at every curve point (DISTILL_PASSKEY lengths, 20 prompts each)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -180,6 +181,7 @@ for step in "$@"; do
       python3 -m tcal.cli distill "$H" --teacher smollm2-135m --data $S/pool --tokens "${DISTILL_TOKENS:-4000000}" \
         --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval wiki:eval \
         --eval-window 512 --eval-windows 16 --eval-every 1000000 --max-minutes "${DISTILL_MINUTES:-4}" --out "$D" \
+        --eval-passkey "${DISTILL_PASSKEY:-1024,2048,4096}" --eval-passkey-samples 20 \
         --no-progress $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -15
       for f in curve.csv report.json report.md; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/distill_long_$f"; done ;;
     smoke)

@@ -128,3 +128,26 @@ def test_teacher_finds_the_needle_and_a_copy_init_hybrid_loses_it():
     t = niah(teacher, tok, [512], samples=4, task="single")
     h = niah(tcal.convert(teacher, keep="uniform:50%", init="copy"), tok, [512], samples=4, task="single")
     assert t[512] >= 0.75 and h[512] <= 0.25, (t, h)
+
+
+def test_retrieval_probes_score_what_niah_scores(tok, monkeypatch):
+    """A training curve's probe builds its prompts once and scores any model on them: the same numbers as niah()
+    for the same seed. A stand-in generator answers every other prompt right, so both must give exactly 0.5."""
+    import re
+
+    import tcal.evaluate.niah as niah_module
+    from tcal.evaluate.niah import retrieval_probes
+
+    def half_right(model, tokenizer, prompts, max_new_tokens, **kw):
+        return [re.search(r"is: (\d+)\.", p).group(1) if i % 2 == 0 else "no idea" for i, p in enumerate(prompts)]
+
+    monkeypatch.setattr(niah_module, "generate_greedy", half_right)
+    model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
+    probes = retrieval_probes(tok, [128, 256], 4, haystack="text:" + TEXT)
+    assert list(probes) == ["single@128", "single@256"]
+    assert {n: p(model) for n, p in probes.items()} == {"single@128": 0.5, "single@256": 0.5}
+    assert niah(model, tok, [128, 256], samples=4, haystack="text:" + TEXT) == {128: 0.5, 256: 0.5}
+    with pytest.raises(TcalError, match="tokenizer"):
+        retrieval_probes(None, [128], 2)
+    with pytest.raises(TcalError, match="samples"):
+        retrieval_probes(tok, [128], 0)

@@ -136,3 +136,53 @@ def test_distill_config_maps_to_cli_flags():
                                                                                             "constant", "all")
     with pytest.raises(TcalError, match="contains the evaluation"):
         run(DistillConfig(data="wiki", eval="wiki:eval", progress=False))
+
+
+HAY = ("the committee met in the spring and spoke of the harbor and the roads and the budget . " * 60)
+
+
+def test_eval_passkey_scores_every_curve_point_and_survives_a_pause(assets, tmp_path):
+    """--eval-passkey: every curve point (and the teacher, once) is scored on the same passkey prompts; the scores
+    land in curve.csv, report.json, report.md and a third panel of curve.png, and a paused run resumes with them."""
+    import shutil
+
+    from helpers import word_tokenizer
+
+    hybrid, teacher = tmp_path / "hybrid", tmp_path / "teacher"
+    for name, d in (("hybrid", hybrid), ("teacher", teacher)):  # a resumed run reads the teacher's tokenizer
+        shutil.copytree(assets / name, d)
+        word_tokenizer(sorted(set(HAY.split()))).save_pretrained(d)
+    (tmp_path / "hay.txt").write_text(HAY)
+    over = dict(hybrid=str(hybrid), teacher=str(teacher), eval_passkey="128,256", eval_passkey_samples=2,
+                eval_passkey_haystack=str(tmp_path / "hay.txt"), tokens=16 * TPS, eval_every=8 * TPS)
+    out = tmp_path / "run"
+    rep = run(make_cfg(assets, out, stop_after_tokens=8 * TPS, **over))
+    assert rep["status"] == "paused"
+    rep = run(make_cfg(assets, out, resume=True, **over))
+    assert rep["status"] == "done" and set(rep["teacher_probes"]) == {"single@128", "single@256"}
+    rows = read_curve(out / "curve.csv")
+    assert [r["step"] for r in rows] == [0, 8, 16]
+    assert all(0.0 <= r[n] <= 1.0 for r in rows for n in ("single@128", "single@256"))
+    md = (out / "report.md").read_text()
+    assert "| training tokens | single@128 | single@256 |" in md and "| teacher |" in md
+    assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_eval_passkey_bad_input(assets, tmp_path):
+    with pytest.raises(TcalError, match="--eval-passkey takes context lengths"):
+        run(make_cfg(assets, tmp_path / "a", eval_passkey="1k"))
+    with pytest.raises(TcalError, match="at least 16"):
+        run(make_cfg(assets, tmp_path / "b", eval_passkey="8"))
+    with pytest.raises(TcalError, match="--eval-passkey-samples"):
+        run(make_cfg(assets, tmp_path / "c", eval_passkey="64", eval_passkey_samples=0))
+    with pytest.raises(TcalError, match="has a tokenizer"):  # the tiny assets ship token files, no tokenizer
+        run(make_cfg(assets, tmp_path / "d", eval_passkey="64"))
+    for name in "abcd":
+        assert not (tmp_path / name).exists() and not partial_dir(tmp_path / name).exists()
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_default():
+    from tcal.train.config import changed_settings
+
+    assert changed_settings({"lr": 1.0}, {"lr": 1.0, "eval_passkey": "", "eval_passkey_samples": 10}) == []
+    assert changed_settings({"lr": 1.0}, {"lr": 1.0, "eval_passkey": "4096"}) == ["eval_passkey"]

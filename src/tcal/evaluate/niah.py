@@ -24,7 +24,7 @@ import random
 import string
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -262,6 +262,27 @@ def niah_cell(model, tokenizer, *, task: str, length: int, samples: int, seed: i
                         batch_size=batch_size, progress=progress)
     return {"task": task, "length": length, "accuracy": sum(r["score"] for r in rows) / len(rows),
             "seconds": time.perf_counter() - t0, "samples": rows}
+
+
+def retrieval_probes(tokenizer, lengths: Sequence[int], samples: int, *, task: str = "single", seed: int = 0,
+                     haystack="sotu:eval", batch_size: int = 4) -> dict[str, Callable[[torch.nn.Module], float]]:
+    """``{"<task>@<length>": model -> accuracy}``: the prompts built once, scored on any model of this
+    tokenizer (a training curve scores the same prompts at every point; ``niah`` gives the same numbers)."""
+    if tokenizer is None:
+        raise TcalError("retrieval tasks read and write text: pass the model's tokenizer")
+    if samples < 1:
+        raise TcalError(f"samples must be at least 1, got {samples}")
+    docs = as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
+
+    def probe(items: list[Sample]) -> Callable[[torch.nn.Module], float]:
+        def accuracy(model) -> float:
+            outs = generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
+                                   batch_size=batch_size)
+            return sum(score(o, s.answers) for s, o in zip(items, outs)) / len(items)
+        return accuracy
+
+    return {f"{task}@{n}": probe(make_samples(task, tokenizer, int(n), samples, seed=seed, documents=docs))
+            for n in lengths}
 
 
 def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int = 0, task: str = "single", *,

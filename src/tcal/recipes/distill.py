@@ -75,7 +75,8 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> Non
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / "curve.csv").write_text(curve_csv(report["curve"]))
-        plot_curve(report["curve"], tmp / "curve.png", teacher_ppl=report["teacher_ppl"], title=title)
+        plot_curve(report["curve"], tmp / "curve.png", teacher_ppl=report["teacher_ppl"], title=title,
+                   teacher_probes=report.get("teacher_probes"))
         write_json(tmp / "tcal_config.json", resolved)
         write_json(tmp / "report.json", report)
         (tmp / "report.md").write_text(report_markdown(report, cfg))
@@ -133,11 +134,12 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     tokenizer = tok_s or tok_t
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
+    probes = passkey_probes(cfg, tokenizer, teacher)
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
     with removed_unless_resumable(out, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
-                                  world=world)
+                                  world=world, probes=probes)
     report.update(budget_tokens=cfg.tokens, data=info)
     if not main:
         return report
@@ -156,10 +158,44 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     return report
 
 
+def passkey_probes(cfg, tokenizer, model) -> dict:
+    """``--eval-passkey``'s scorers (tcal.evaluate.niah.retrieval_probes), checked against ``model``'s position
+    limit and the training data; {} when off."""
+    from tcal.data.corpora import check_disjoint
+    from tcal.evaluate.niah import check_lengths, retrieval_probes
+    from tcal.train.config import passkey_lengths
+    from tcal.utils.errors import TcalError
+
+    lengths = passkey_lengths(cfg)
+    if not lengths:
+        return {}
+    if tokenizer is None:
+        raise TcalError("--eval-passkey writes and reads text, and neither the hybrid nor the teacher directory "
+                        "has a tokenizer; save one there or leave --eval-passkey off")
+    check_lengths(model, lengths)
+    check_disjoint(cfg.data, cfg.eval_passkey_haystack)
+    return retrieval_probes(tokenizer, lengths, cfg.eval_passkey_samples, haystack=cfg.eval_passkey_haystack)
+
+
 def human_bytes(n) -> str:
     if n is None:
         return "n/a"
     return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def probe_table(report: dict, cfg) -> list[str]:
+    """The --eval-passkey scores at every curve point against the teacher's, as markdown lines (none if off)."""
+    names = list(report.get("teacher_probes") or {})
+    if not names:
+        return []
+    teacher = report["teacher_probes"]
+    lines = [f"Passkey retrieval (one needle in {cfg.eval_passkey_haystack}, {cfg.eval_passkey_samples} prompts per "
+             "length, greedy; the same prompts at every point):", "",
+             "| training tokens | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
+             "| teacher | " + " | ".join(f"{teacher[n]:.2f}" for n in names) + " |"]
+    lines += [f"| {r['tokens']:,} | " + " | ".join(f"{r[n]:.2f}" if n in r else "-" for n in names) + " |"
+              for r in report["curve"]]
+    return lines + [""]
 
 
 def report_markdown(report: dict, cfg) -> str:
@@ -195,6 +231,7 @@ def report_markdown(report: dict, cfg) -> str:
         f"| student after {report['tokens']:,} tokens | {report['final_ppl']:.3f} |",
         "",
     ]
+    lines += probe_table(report, cfg)
     if tp:
         lines.append(f"Throughput: {tp:,.0f} training tokens/s (training steps only; evaluation and checkpoints "
                      f"excluded). Wall time {report['elapsed_s']:.1f} s over {report['segments']} session(s).")

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.recipes.distill import DistillConfig, finish_run, start_partial
+from tcal.recipes.distill import DistillConfig, finish_run, passkey_probes, start_partial
 from tcal.train.config import SCHEDULES, TrainOptions
 from tcal.utils.config import CalibArgs, GDNArgs, OutArgs, TeacherArgs, arg
 
@@ -231,6 +231,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     load_s = time.time() - t0
     train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
+    probes = passkey_probes(cfg, tokenizer, teacher)  # the same prompts for every init
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
     reports, init_info = {}, {}
@@ -260,7 +261,8 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
         partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
-                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world)
+                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world,
+                                  probes=probes)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)

@@ -11,6 +11,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from tcal.report.targets import curve_points
+from tcal.train.curve import probe_fields
 from tcal.utils.errors import TcalError
 
 
@@ -27,10 +28,14 @@ def _figure(figsize) -> Figure:
     return fig
 
 
-def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, title: str = "") -> str | None:
-    """Eval PPL (log scale) and train loss against training tokens; returns the path or None."""
-    fig = _figure((11, 4))
-    (a, b) = fig.subplots(1, 2)
+def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, title: str = "",
+               teacher_probes: dict | None = None) -> str | None:
+    """Eval PPL (log scale) and train loss against training tokens, and the probe scores (``--eval-passkey``)
+    when the rows hold any, each with the teacher's as a dashed line; returns the path or None."""
+    probes = probe_fields(rows)
+    fig = _figure((16 if probes else 11, 4))
+    axes = fig.subplots(1, 3 if probes else 2)
+    a, b = axes[0], axes[1]
     x = [r["tokens"] for r in rows]
     a.plot(x, [r["eval_ppl"] for r in rows], "o-", ms=3, label="student")
     if teacher_ppl:
@@ -46,6 +51,18 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     b.set_xlabel("training tokens")
     b.set_ylabel("train loss (mean since previous eval)")
     b.grid(True, alpha=0.3)
+    if probes:
+        c = axes[2]
+        for i, name in enumerate(probes):
+            pts = [(r["tokens"], r[name]) for r in rows if name in r]
+            line, = c.plot(*zip(*pts), "o-", ms=3, label=name)
+            if teacher_probes and name in teacher_probes:
+                c.axhline(teacher_probes[name], color=line.get_color(), ls="--", lw=1)
+        c.set_ylim(-0.03, 1.03)
+        c.set_xlabel("training tokens")
+        c.set_ylabel("accuracy (dashed: teacher)")
+        c.grid(True, alpha=0.3)
+        c.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tcal.utils.config import DeviceArgs, EvalArgs, arg
 from tcal.utils.errors import TcalError
@@ -47,6 +47,11 @@ class TrainOptions(EvalArgs, DeviceArgs):
                                 "the full 64 because the curve evaluates many times)")
     eval_every: int = arg(1_000_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
     eval_early: int = arg(4, "extra early evaluations at eval-every/2, /4, ... (this many)")
+    eval_passkey: str = arg("", "context lengths (comma list, e.g. 1024,4096) at which every curve point also scores "
+                                "passkey retrieval (one needle, greedy decoding): retrieval recovers on a curve of its "
+                                "own, not PPL's; empty = off")
+    eval_passkey_samples: int = arg(10, "passkey prompts per length (needle depths spread over the context)")
+    eval_passkey_haystack: str = arg("sotu:eval", "text the passkey needles hide in; disjoint from --data")
     save_every: int = arg(5_000_000, "checkpoint (for --resume) every N training tokens")
     precision: str = arg("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16", choices=PRECISIONS)
     teacher_dtype: str = arg("float32", "teacher weights dtype: float32 or bfloat16")
@@ -71,9 +76,27 @@ RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", 
 
 
 def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
-    """The settings, other than ``free`` ones, whose values differ between a saved run and now."""
+    """The settings, other than ``free`` ones, whose values differ between a saved run and now. A run saved
+    before a setting existed ran with that setting's default."""
+    defaults = {f.name: f.default for f in fields(TrainOptions)}
     keys = (set(saved) | set(now)) - set(free)
-    return sorted(k for k in keys if saved.get(k) != now.get(k))
+    return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
+
+
+def passkey_lengths(cfg: TrainOptions) -> list[int]:
+    """``--eval-passkey`` as context lengths (empty: off)."""
+    spec = cfg.eval_passkey.strip()
+    if not spec:
+        return []
+    try:
+        lengths = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise TcalError(f"--eval-passkey takes context lengths like 1024,4096, got {cfg.eval_passkey!r}") from None
+    if not lengths or min(lengths) < 16:
+        raise TcalError(f"--eval-passkey lengths must be at least 16 tokens, got {cfg.eval_passkey!r}")
+    if cfg.eval_passkey_samples < 1:
+        raise TcalError(f"--eval-passkey-samples must be at least 1, got {cfg.eval_passkey_samples}")
+    return lengths
 
 
 def check_train_options(cfg: TrainOptions, tokens: int) -> None:
@@ -101,6 +124,7 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError("--eval-every and --save-every must be positive numbers of tokens")
     if cfg.eval_windows < 1 or cfg.eval_window < 2:
         raise TcalError("--eval-windows must be >= 1 and --eval-window >= 2")
+    passkey_lengths(cfg)
     if cfg.schedule not in SCHEDULES:
         raise TcalError(f"unknown --schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train not in TRAIN_SETS:

@@ -15,12 +15,21 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def probe_fields(rows: list[dict]) -> list[str]:
+    """The score columns beside the fixed ones (e.g. ``single@4096`` from ``--eval-passkey``), in first-seen order."""
+    extra: dict[str, None] = {}
+    for r in rows:
+        extra.update((k, None) for k in r if k not in CURVE_FIELDS)
+    return list(extra)
+
+
 def curve_csv(rows: list[dict]) -> str:
+    fields = [*CURVE_FIELDS, *probe_fields(rows)]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CURVE_FIELDS)
+    w.writerow(fields)
     for r in rows:
-        w.writerow([_fmt(r[k]) for k in CURVE_FIELDS])
+        w.writerow([_fmt(r.get(k, float("nan"))) for k in fields])
     return buf.getvalue()
 
 

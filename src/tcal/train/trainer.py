@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +88,8 @@ class Trainer:
     """Distil ``student`` towards ``teacher`` on ``train_tokens`` for ``tokens`` tokens."""
 
     def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
-                 eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None):
+                 eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None,
+                 probes: Mapping[str, Callable[[nn.Module], float]] | None = None):
         check_train_options(cfg, tokens)
         self.cfg = cfg
         self.settings = settings if settings is not None else dataclasses.asdict(cfg)  # what a resume must match
@@ -104,6 +105,11 @@ class Trainer:
         self.n_windows = int(train_tokens.shape[0]) // cfg.seq_len
         self.order = WindowOrder(self.n_windows, cfg.seed)
         self.main = self.world.is_main()
+        # scores beside the PPL at every curve point (e.g. passkey@4096: tcal.evaluate.niah.retrieval_probes)
+        self.probes = dict(probes or {})
+        if self.probes and self.world.distributed:
+            raise TcalError("curve probes (--eval-passkey) run in one process; under torchrun score the finished "
+                            "model with `tcal eval MODEL --task single --lengths ...`")
         self.placement = D.teacher_placement(cfg.teacher_placement, D.weight_bytes(teacher),
                                              D.device_memory(self.world.device)) if self.world.distributed else None
         if self.world.distributed:  # every rank must hold the same settings, data and models before sharding
@@ -143,6 +149,7 @@ class Trainer:
         self.loss_sum, self.loss_count = 0.0, 0
         self.elapsed_before, self.train_s, self.segments = 0.0, 0.0, 1
         self.teacher_ppl: float | None = None
+        self.teacher_probes: dict[str, float] | None = None
         self._t_start = time.time()
 
     def _check_vocab(self) -> None:
@@ -221,6 +228,7 @@ class Trainer:
         row = {"tokens": s * self.tokens_per_step, "step": s, "eval_ppl": self.evaluate(),
                "train_loss": self.loss_sum / self.loss_count if self.loss_count else float("nan"),
                "lr": self.lr(max(s - 1, 0)), "elapsed_s": round(self.elapsed(), 3)}
+        row.update({name: probe(self.student) for name, probe in self.probes.items()})
         self.curve.append(row)
         self.loss_sum, self.loss_count = 0.0, 0
         return row
@@ -232,7 +240,7 @@ class Trainer:
             "version": STATE_VERSION, "step": self.step_count, "tokens": self.step_count * self.tokens_per_step,
             "curve": self.curve, "loss_sum": self.loss_sum, "loss_count": self.loss_count,
             "elapsed_s": self.elapsed(), "train_s": self.train_s, "teacher_ppl": self.teacher_ppl,
-            "segments": self.segments, "config": self.settings,
+            "teacher_probes": self.teacher_probes, "segments": self.segments, "config": self.settings,
             "scheduler": {"kind": self.cfg.schedule, "warmup_steps": self.warmup_steps,
                           "total_steps": self.total_steps, "next_step": self.step_count},
         }
@@ -242,6 +250,7 @@ class Trainer:
         self.loss_sum, self.loss_count = st["loss_sum"], st["loss_count"]
         self.elapsed_before, self.train_s = st["elapsed_s"], st["train_s"]
         self.teacher_ppl = st.get("teacher_ppl", self.teacher_ppl)
+        self.teacher_probes = st.get("teacher_probes", self.teacher_probes)
         self.segments = st.get("segments", 0) + 1
         self._t_start = time.time()
 
@@ -311,6 +320,8 @@ class Trainer:
         cfg, tps, main = self.cfg, self.tokens_per_step, self.main
         if self.teacher_ppl is None:
             self.teacher_ppl = self.evaluate(self.teacher)
+        if self.probes and self.teacher_probes is None:
+            self.teacher_probes = {name: probe(self.teacher) for name, probe in self.probes.items()}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if not self.curve:
@@ -358,7 +369,7 @@ class Trainer:
             "total_steps": self.total_steps, "tokens_per_step": tps,
             "epochs": self.step_count * cfg.batch_size / self.n_windows, "train_windows": self.n_windows,
             "eval": {"data": cfg.eval, "window": int(self.eval_ids.shape[1]), "windows": int(self.eval_ids.shape[0])},
-            "teacher_ppl": self.teacher_ppl,
+            "teacher_ppl": self.teacher_ppl, "teacher_probes": self.teacher_probes,
             "zero_shot_ppl": self.curve[0]["eval_ppl"] if self.curve else None,
             "final_ppl": self.curve[-1]["eval_ppl"] if self.curve else None,
             "train_tokens_per_s": (self.step_count * tps) / self.train_s if self.train_s > 0 else None,
@@ -373,7 +384,8 @@ class Trainer:
 
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
             partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
-            callback: Callable[[int, int], None] | None = None, world: D.World | None = None) -> tuple[dict, object]:
+            callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
+            probes: Mapping[str, Callable[[nn.Module], float]] | None = None) -> tuple[dict, object]:
     """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
 
     ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
@@ -400,7 +412,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     if world.is_main():
         partial.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
-                      settings=settings, world=world)
+                      settings=settings, world=world, probes=probes)
     trainer.teacher_ppl = teacher_ppl
     if resume_state is not None:
         trainer.resume_from(ckpt)
