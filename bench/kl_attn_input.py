@@ -1,10 +1,12 @@
 """`taylor` with extra KL-stage terms on the kept attention layers: the residual streams entering them
-(`KLConfig.attn_input_weight`) and their attention distributions (`KLConfig.attn_map_weight`), on the CPU budget of the README's `niah:15` row, saved for the retrieval
+(`KLConfig.attn_input_weight`), their attention distributions (`KLConfig.attn_map_weight`) or their queries
+(`KLConfig.attn_query_weight`), on the CPU budget of the README's `niah:15` row, saved for the retrieval
 scripts. With --weight 0 it is that row's conversion (`tcal convert --keep 0,1,2,8,... --init taylor --calib
 wiki:calib+shakespeare:calib --calib-windows 8 --calib-window 512 --align-steps 100 --kl-steps 20`).
 
   python bench/kl_attn_input.py --weight 1 --out DIR          (inputs)
   python bench/kl_attn_input.py --weight 0 --map-weight 5 --out DIR   (attention maps)
+  python bench/kl_attn_input.py --weight 0 --query-weight 5 --out DIR (queries)
   python bench/retrieval_reach.py DIR --speedups 1 ...; python bench/needle_attention.py DIR ...
 
 Data roles: calibration `wiki:calib+shakespeare:calib` (8 x 512 tokens); PPL on the first 16 x 512 of
@@ -24,6 +26,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weight", type=float, default=1.0, help="KLConfig.attn_input_weight")
     p.add_argument("--map-weight", type=float, default=0.0, help="KLConfig.attn_map_weight")
+    p.add_argument("--query-weight", type=float, default=0.0, help="KLConfig.attn_query_weight")
     p.add_argument("--keep", default=",".join(map(str, NIAH15)))
     p.add_argument("--kl-steps", type=int, default=20)
     p.add_argument("--align-steps", type=int, default=100)
@@ -45,7 +48,7 @@ def main() -> None:
                                calib="wiki:calib+shakespeare:calib", tokenizer=tok, calib_window=512, calib_windows=8,
                                align=AlignConfig(steps=args.align_steps),
                                kl=KLConfig(steps=args.kl_steps, batch_size=3, attn_input_weight=args.weight,
-                                           attn_map_weight=args.map_weight),
+                                           attn_map_weight=args.map_weight, attn_query_weight=args.query_weight),
                                progress=True)
     convert_s = time.perf_counter() - t0
     ppl = perplexity_report(conv.hybrid, tok, as_corpus("wiki:eval"), window=512, windows=16)["ppl"]
@@ -55,12 +58,14 @@ def main() -> None:
     kl = conv.record["detail"]["kl"]
     row = {"settings": vars(args), "convert_s": convert_s, "wiki_eval_ppl_16x512": ppl,
            "kl": {k: kl[k] for k in ("heldout_kl_before", "heldout_kl", "best_step", "steps_run", "heldout_curve",
-                                     "attn_input_layers", "train_attn_input_gap", "train_attn_map_kl")}}
+                                     "attn_input_layers", "train_attn_input_gap", "train_attn_map_kl",
+                                     "train_attn_query_gap")}}
     (out / "kl_attn_input.json").write_text(json.dumps(row, indent=1))
     print(json.dumps({k: row[k] for k in ("convert_s", "wiki_eval_ppl_16x512")}),
           "held-out KL", round(kl["heldout_kl_before"], 4), "->", round(kl["heldout_kl"], 4),
           "gap", [round(g, 3) for g in kl["train_attn_input_gap"][:: max(1, len(kl["train_attn_input_gap"]) // 5)]],
-          "map KL", [round(g, 3) for g in kl["train_attn_map_kl"][:: max(1, len(kl["train_attn_map_kl"]) // 5)]])
+          "map KL", [round(g, 3) for g in kl["train_attn_map_kl"][:: max(1, len(kl["train_attn_map_kl"]) // 5)]],
+          "query gap", [round(g, 3) for g in kl["train_attn_query_gap"][:: max(1, len(kl["train_attn_query_gap"]) // 5)]])
 
 
 if __name__ == "__main__":

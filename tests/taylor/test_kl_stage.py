@@ -128,7 +128,7 @@ def test_attention_input_term_pulls_the_kept_layers_inputs_towards_the_teachers(
         rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
                                                                attn_input_weight=w))
         with torch.no_grad():
-            _, _, gap, _ = kept_layer_terms(lm_parts(hybrid)[0], lm_parts(teacher)[0], held, [2, 4])
+            _, _, gap, _, _ = kept_layer_terms(lm_parts(hybrid)[0], lm_parts(teacher)[0], held, [2, 4])
         gaps[w] = float(gap)
         if w:
             assert rec["attn_input_layers"] == [2, 4] and len(rec["train_attn_input_gap"]) == 40
@@ -148,7 +148,7 @@ def test_attention_map_term_matches_the_kept_layers_attention():
     teacher = tiny_teacher("llama", **cfg5)
     base_t = lm_parts(teacher)[0]
     with torch.no_grad():
-        _, _, gap, self_kl = kept_layer_terms(base_t, base_t, ids(2), [2, 4], maps=True)
+        _, _, gap, self_kl, _ = kept_layer_terms(base_t, base_t, ids(2), [2, 4], maps=True)
     assert float(gap) == 0.0 and abs(float(self_kl)) < 1e-6
     train, held = ids(8), ids(4, seed=1)
     kls = {}
@@ -160,3 +160,28 @@ def test_attention_map_term_matches_the_kept_layers_attention():
             kls[w] = float(kept_layer_terms(lm_parts(hybrid)[0], base_t, held, [2, 4], maps=True)[3])
         assert len(rec["train_attn_map_kl"]) == (40 if w else 0)
     assert kls[10.0] < kls[0.0]
+
+
+def test_attention_query_term_pulls_the_kept_layers_queries_towards_the_teachers():
+    """With attn_query_weight the stage fits the kept layers' queries (q_proj of the normed input streams): zero for
+    the teacher against itself, and smaller after training with the term than with the logits' KL alone."""
+    from tcal.modules.distill_loss import lm_parts
+    from tcal.taylor.kl_stage import kept_layer_terms
+
+    cfg5 = {**CFG, "num_hidden_layers": 5}
+    teacher = tiny_teacher("llama", **cfg5)
+    base_t = lm_parts(teacher)[0]
+    with torch.no_grad():
+        assert float(kept_layer_terms(base_t, base_t, ids(2), [2, 4], queries=True)[4]) == 0.0
+    train, held = ids(8), ids(4, seed=1)
+    q = {}
+    for w in (0.0, 10.0):
+        hybrid = build_hybrid(teacher, [0, 2, 4])
+        rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
+                                                               attn_query_weight=w))
+        with torch.no_grad():
+            q[w] = float(kept_layer_terms(lm_parts(hybrid)[0], base_t, held, [2, 4], queries=True)[4])
+        assert len(rec["train_attn_query_gap"]) == (40 if w else 0)
+    assert q[10.0] < q[0.0]
+    with pytest.raises(TcalError, match="attn_query_weight"):
+        KLConfig(attn_query_weight=float("nan"))

@@ -52,6 +52,11 @@ class KLConfig:
     # Weight of an extra term: KL(teacher || hybrid) of the attention distributions of the kept attention
     # layers (every head and query position; eager attention in both models; 0 = off).
     attn_map_weight: float = 0.0
+    # Weight of an extra term: the relative MSE between the hybrid's and the teacher's queries of the kept attention
+    # layers (q_proj of the normed residual stream, every position). Patching the teacher's stream into the hybrid
+    # at the question's last token alone gives a kept retrieval head back its attention on a distant needle; at the
+    # needle's tokens it does not (bench/needle_patch.py): the query, not the key, is what the hybrid breaks.
+    attn_query_weight: float = 0.0
 
     def __post_init__(self):
         if self.steps < 0:
@@ -62,7 +67,7 @@ class KLConfig:
             raise TcalError("KL stage batch_size and eval_every must be >= 1")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
-        for name in ("attn_input_weight", "attn_map_weight"):
+        for name in ("attn_input_weight", "attn_map_weight", "attn_query_weight"):
             w = getattr(self, name)
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
                 raise TcalError(f"KL stage {name} must be a finite number >= 0, got {w!r}")
@@ -85,11 +90,12 @@ def _hidden_bytes(teacher, ids: torch.Tensor) -> int:
     return ids.numel() * teacher.config.hidden_size * p.element_size()
 
 
-def kept_layer_terms(base_s, base_t, ids: torch.Tensor, layers, maps: bool = False):
+def kept_layer_terms(base_s, base_t, ids: torch.Tensor, layers, maps: bool = False, queries: bool = False):
     """One pass of each decoder over ``ids`` (the teacher without grad): (hybrid's final hidden states, teacher's,
     mean over ``layers`` of ||h_S - h_T||^2 / ||h_T||^2 for the residual streams entering them (hidden_states[i]
     is layer i's input), and with ``maps`` the mean over those layers, heads and query positions of
-    KL(teacher || hybrid) of their attention distributions, else None)."""
+    KL(teacher || hybrid) of their attention distributions, else None; with ``queries`` the mean over those layers
+    of ||q_S - q_T||^2 / ||q_T||^2 for their query projections of the normed streams, else None)."""
     probs: dict[str, dict[int, torch.Tensor]] = {"s": {}, "t": {}}
     handles = []
     if maps:
@@ -111,7 +117,17 @@ def kept_layer_terms(base_s, base_t, ids: torch.Tensor, layers, maps: bool = Fal
             p_t, p_s = probs["t"][i].float(), probs["s"][i].float()  # (B, H, T, T), zero above the diagonal
             kls.append((torch.xlogy(p_t, p_t) - p_t * p_s.clamp_min(1e-30).log()).sum(-1).mean())
         map_kl = torch.stack(kls).mean()
-    return out_s.last_hidden_state, out_t.last_hidden_state, torch.stack(gaps).mean(), map_kl
+    q_gap = None
+    if queries:
+        qs = []
+        for i in layers:
+            blk_s, blk_t = base_s.layers[i], base_t.layers[i]
+            q_s = blk_s.self_attn.q_proj(blk_s.input_layernorm(out_s.hidden_states[i])).float()
+            with torch.no_grad():
+                q_t = blk_t.self_attn.q_proj(blk_t.input_layernorm(out_t.hidden_states[i])).float()
+            qs.append((q_s - q_t).pow(2).sum() / q_t.pow(2).sum().clamp_min(1e-30))
+        q_gap = torch.stack(qs).mean()
+    return out_s.last_hidden_state, out_t.last_hidden_state, torch.stack(gaps).mean(), map_kl, q_gap
 
 
 @torch.no_grad()
@@ -155,7 +171,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     held_t = train_t = None
     # the kept attention layers past the first (layer 0's input is the embedding, the same in both models)
     aux_layers = ([i for i in getattr(hybrid.config, "attention_layers", []) if i > 0]
-                  if cfg.attn_input_weight or cfg.attn_map_weight else [])
+                  if cfg.attn_input_weight or cfg.attn_map_weight or cfg.attn_query_weight else [])
     if cfg.cache_teacher:
         room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
         if need <= room:
@@ -164,6 +180,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
             train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
     gaps: list[float] = []
     map_kls: list[float] = []
+    q_gaps: list[float] = []
     best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
     best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
     curve, held_curve = [], [(0, before)]
@@ -180,9 +197,10 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                     g["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
                 idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
                 mb = train_ids[idx].to(dev)
-                gap = map_kl = None
+                gap = map_kl = q_gap = None
                 if aux_layers:  # one teacher pass gives its intermediate and its final states
-                    hs, ht, gap, map_kl = kept_layer_terms(base_s, base_t, mb, aux_layers, maps=bool(cfg.attn_map_weight))
+                    hs, ht, gap, map_kl, q_gap = kept_layer_terms(base_s, base_t, mb, aux_layers,
+                                                                  maps=bool(cfg.attn_map_weight), queries=True)
                 else:
                     if train_t is not None:
                         ht = train_t[idx.to(dev)]
@@ -201,6 +219,10 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 if map_kl is not None:
                     loss = loss + cfg.attn_map_weight * map_kl
                     map_kls.append(float(map_kl.detach()))
+                if q_gap is not None:  # recorded with any kept-layer term: how far the queries are
+                    if cfg.attn_query_weight:
+                        loss = loss + cfg.attn_query_weight * q_gap
+                    q_gaps.append(float(q_gap.detach()))
                 if not math.isfinite(kl):
                     log.warning("KL stage: non-finite KL at step %d; restored the best state (step %d) and stopped",
                                 step, best_step)
@@ -237,4 +259,5 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
             "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
             "attn_input_layers": aux_layers, "train_attn_input_gap": gaps, "train_attn_map_kl": map_kls,
+            "train_attn_query_gap": q_gaps,
             "wall_s": time.perf_counter() - t0}
