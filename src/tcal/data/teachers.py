@@ -286,7 +286,7 @@ def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True)
     Without ``require_tokenizer`` (training checkpoints, hybrids saved without one) a directory
     with no tokenizer files gives None, and a tokenizer that fails to load is only a warning.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -297,16 +297,24 @@ def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except Exception as e:
         raise TcalError(f"cannot load the model in {path} ({type(e).__name__}: {_first_line(e)}); check the checkpoint (transformers 5.x format)") from e
-    if not require_tokenizer and not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        return model, None
+    return model, load_tokenizer_dir(path, required=require_tokenizer)
+
+
+def load_tokenizer_dir(path, *, required: bool = True):
+    """The tokenizer saved in a model directory; without ``required`` None where there is none (or it fails
+    to load, with a warning)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not required and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:
-        if not require_tokenizer:
+        if not required:
             log.warning("cannot load the tokenizer in %s (%s)", path, e)
-            return model, None
+            return None
         raise TcalError(f"cannot load a tokenizer from {path} ({type(e).__name__}: {_first_line(e)}); save the tokenizer into the model directory") from e
-    return model, tok
 
 
 def _truthy(v: str | None) -> bool:

@@ -102,6 +102,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
 
     from tcal.data.corpora import check_disjoint
     from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.data.teachers import load_tokenizer_dir
     from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
     from tcal.train.config import changed_settings
@@ -131,6 +132,8 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     student = tok_s = None
     if not resuming:
         student, tok_s = load_model_and_tokenizer(cfg.hybrid, dtype=torch.float32, device=device)
+    elif Path(cfg.hybrid).is_dir():  # the checkpoint holds the weights only: the hybrid's tokenizer is still its own
+        tok_s = load_tokenizer_dir(cfg.hybrid, required=False)
     tokenizer = tok_s or tok_t
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
