@@ -38,6 +38,22 @@ def needle_mass(model, ids, layers, positions):
     return out
 
 
+def load_pair(args):
+    """(teacher, tokenizer, hybrid, the passkey prompts) as the quality suite builds them (``args``: teacher,
+    hybrid, length, samples, haystack)."""
+    from transformers import AutoModelForCausalLM
+
+    import tcal  # noqa: F401  (registers the hybrid classes)
+    from tcal.data.corpora import as_corpus
+    from tcal.data.teachers import load_teacher
+    from tcal.evaluate.niah import make_samples
+
+    teacher, tok = load_teacher(args.teacher, device="cpu")
+    hybrid = AutoModelForCausalLM.from_pretrained(args.hybrid).eval()
+    samples = make_samples("single", tok, args.length, args.samples, documents=as_corpus(args.haystack).documents)
+    return teacher, tok, hybrid, samples
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hybrid")
@@ -49,17 +65,9 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM
 
-    import tcal  # noqa: F401  (registers the hybrid classes)
-    from tcal.data.corpora import as_corpus
-    from tcal.data.teachers import load_teacher
-    from tcal.evaluate.niah import make_samples
-
-    teacher, tok = load_teacher(args.teacher, device="cpu")
-    hybrid = AutoModelForCausalLM.from_pretrained(args.hybrid).eval()
+    teacher, tok, hybrid, samples = load_pair(args)
     kept = hybrid.config.attention_layers
-    samples = make_samples("single", tok, args.length, args.samples, documents=as_corpus(args.haystack).documents)
     rows = []
     for s in samples:
         pos = value_positions(tok, s.prompt, s.answers[0])

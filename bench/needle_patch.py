@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from needle_attention import value_positions
+from needle_attention import load_pair, value_positions
 
 PATCHES = ("none", "needle", "query", "both", "all")
 
@@ -64,20 +64,12 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM
 
-    import tcal  # noqa: F401  (registers the hybrid classes)
-    from tcal.data.corpora import as_corpus
-    from tcal.data.teachers import load_teacher
-    from tcal.evaluate.niah import make_samples
-
-    teacher, tok = load_teacher(args.teacher, device="cpu")
-    hybrid = AutoModelForCausalLM.from_pretrained(args.hybrid).eval()
+    teacher, tok, hybrid, samples = load_pair(args)
     layers = [int(x) for x in args.layers.split(",")]
     bad = [i for i in layers if i not in hybrid.config.attention_layers]
     if bad:
         raise SystemExit(f"layer {bad[0]} is not a kept attention layer of {args.hybrid}")
-    samples = make_samples("single", tok, args.length, args.samples, documents=as_corpus(args.haystack).documents)
     rows = []
     for s in samples:
         pos = value_positions(tok, s.prompt, s.answers[0])

@@ -112,24 +112,29 @@ def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monk
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(params, ref_params)), name
 
 
+def fitted_with_term(teacher, weight: str, w: float, term: int, **kw):
+    """(the KL stage's record, then kept_layer_terms' value ``term`` on held-out ids for the kept layers 2, 4)
+    after 40 steps on a copy-init hybrid keeping 0, 2, 4, with KLConfig's ``weight`` set to ``w``."""
+    from tcal.modules.distill_loss import lm_parts
+    from tcal.taylor.kl_stage import kept_layer_terms
+
+    train, held = ids(8), ids(4, seed=1)
+    hybrid = build_hybrid(teacher, [0, 2, 4])
+    rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
+                                                           **{weight: w}))
+    with torch.no_grad():
+        value = float(kept_layer_terms(lm_parts(hybrid)[0], lm_parts(teacher)[0], held, [2, 4], **kw)[term])
+    return rec, value
+
+
 def test_attention_input_term_pulls_the_kept_layers_inputs_towards_the_teachers():
     """With attn_input_weight the stage also fits the residual streams entering the kept attention layers
     (here layers 2 and 4; layer 0's input is the embedding, the same in both models): that gap shrinks more
     than the KL alone shrinks it, and the gap the record reports is the one measured afresh."""
-    from tcal.modules.distill_loss import lm_parts
-    from tcal.taylor.kl_stage import kept_layer_terms
-
-    cfg5 = {**CFG, "num_hidden_layers": 5}
-    teacher = tiny_teacher("llama", **cfg5)
-    train, held = ids(8), ids(4, seed=1)
+    teacher = tiny_teacher("llama", **{**CFG, "num_hidden_layers": 5})
     gaps = {}
     for w in (0.0, 10.0):
-        hybrid = build_hybrid(teacher, [0, 2, 4])
-        rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
-                                                               attn_input_weight=w))
-        with torch.no_grad():
-            _, _, gap, _, _ = kept_layer_terms(lm_parts(hybrid)[0], lm_parts(teacher)[0], held, [2, 4])
-        gaps[w] = float(gap)
+        rec, gaps[w] = fitted_with_term(teacher, "attn_input_weight", w, 2)
         if w:
             assert rec["attn_input_layers"] == [2, 4] and len(rec["train_attn_input_gap"]) == 40
             assert rec["train_attn_input_gap"][-1] < rec["train_attn_input_gap"][0]
@@ -144,20 +149,14 @@ def test_attention_map_term_matches_the_kept_layers_attention():
     from tcal.modules.distill_loss import lm_parts
     from tcal.taylor.kl_stage import kept_layer_terms
 
-    cfg5 = {**CFG, "num_hidden_layers": 5}
-    teacher = tiny_teacher("llama", **cfg5)
+    teacher = tiny_teacher("llama", **{**CFG, "num_hidden_layers": 5})
     base_t = lm_parts(teacher)[0]
     with torch.no_grad():
         _, _, gap, self_kl, _ = kept_layer_terms(base_t, base_t, ids(2), [2, 4], maps=True)
     assert float(gap) == 0.0 and abs(float(self_kl)) < 1e-6
-    train, held = ids(8), ids(4, seed=1)
     kls = {}
     for w in (0.0, 10.0):
-        hybrid = build_hybrid(teacher, [0, 2, 4])
-        rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
-                                                               attn_map_weight=w))
-        with torch.no_grad():
-            kls[w] = float(kept_layer_terms(lm_parts(hybrid)[0], base_t, held, [2, 4], maps=True)[3])
+        rec, kls[w] = fitted_with_term(teacher, "attn_map_weight", w, 3, maps=True)
         assert len(rec["train_attn_map_kl"]) == (40 if w else 0)
     assert kls[10.0] < kls[0.0]
 
@@ -168,19 +167,13 @@ def test_attention_query_term_pulls_the_kept_layers_queries_towards_the_teachers
     from tcal.modules.distill_loss import lm_parts
     from tcal.taylor.kl_stage import kept_layer_terms
 
-    cfg5 = {**CFG, "num_hidden_layers": 5}
-    teacher = tiny_teacher("llama", **cfg5)
+    teacher = tiny_teacher("llama", **{**CFG, "num_hidden_layers": 5})
     base_t = lm_parts(teacher)[0]
     with torch.no_grad():
         assert float(kept_layer_terms(base_t, base_t, ids(2), [2, 4], queries=True)[4]) == 0.0
-    train, held = ids(8), ids(4, seed=1)
     q = {}
     for w in (0.0, 10.0):
-        hybrid = build_hybrid(teacher, [0, 2, 4])
-        rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=40, lr=3e-3, patience=None, eval_every=40,
-                                                               attn_query_weight=w))
-        with torch.no_grad():
-            q[w] = float(kept_layer_terms(lm_parts(hybrid)[0], base_t, held, [2, 4], queries=True)[4])
+        rec, q[w] = fitted_with_term(teacher, "attn_query_weight", w, 4, queries=True)
         assert len(rec["train_attn_query_gap"]) == (40 if w else 0)
     assert q[10.0] < q[0.0]
     with pytest.raises(TcalError, match="attn_query_weight"):

@@ -242,14 +242,24 @@ def check_lengths(model, lengths: Sequence[int]) -> list[int]:
     return lengths
 
 
+def haystack_documents(task: str, haystack) -> Sequence[str]:
+    """The real-text documents ``task`` hides its needles in (none for the noise-haystack tasks)."""
+    return as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
+
+
+def answer(model, tokenizer, items: Sequence[Sample], *, batch_size: int = 4, progress: bool = False,
+           desc: str = "generate") -> list[str]:
+    """The greedy outputs for ``items``, each with room for its sample's answers."""
+    return generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
+                           batch_size=batch_size, progress=progress, desc=desc)
+
+
 def niah_details(model, tokenizer, *, task: str = "single", length: int, samples: int, seed: int = 0,
                  haystack="sotu:eval", batch_size: int = 4, progress: bool = False) -> list[dict]:
     """Every sample of one (task, length): depth, expected answers, output, score."""
     check_lengths(model, [length])
-    docs = as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
-    items = make_samples(task, tokenizer, length, samples, seed=seed, documents=docs)
-    outputs = generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
-                              batch_size=batch_size, progress=progress, desc=f"{task} @ {length}")
+    items = make_samples(task, tokenizer, length, samples, seed=seed, documents=haystack_documents(task, haystack))
+    outputs = answer(model, tokenizer, items, batch_size=batch_size, progress=progress, desc=f"{task} @ {length}")
     return [{"depth": s.depth, "answers": s.answers, "output": o, "score": score(o, s.answers)}
             for s, o in zip(items, outputs)]
 
@@ -272,12 +282,11 @@ def retrieval_probes(tokenizer, lengths: Sequence[int], samples: int, *, task: s
         raise TcalError("retrieval tasks read and write text: pass the model's tokenizer")
     if samples < 1:
         raise TcalError(f"samples must be at least 1, got {samples}")
-    docs = as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
+    docs = haystack_documents(task, haystack)
 
     def probe(items: list[Sample]) -> Callable[[torch.nn.Module], float]:
         def accuracy(model) -> float:
-            outs = generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
-                                   batch_size=batch_size)
+            outs = answer(model, tokenizer, items, batch_size=batch_size)
             return sum(score(o, s.answers) for s, o in zip(items, outs)) / len(items)
         return accuracy
 

@@ -53,7 +53,7 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     b.grid(True, alpha=0.3)
     if probes:
         c = axes[2]
-        for i, name in enumerate(probes):
+        for name in probes:
             pts = [(r["tokens"], r[name]) for r in rows if name in r]
             line, = c.plot(*zip(*pts), "o-", ms=3, label=name)
             if teacher_probes and name in teacher_probes:
