@@ -114,9 +114,11 @@ for step in "$@"; do
       wait
       grep -h . "$OUT"/sweep-*.jsonl | python3 -c "import sys, json; [print(r.get('method'), r.get('keep'), r.get('budget'), r.get('calib'), {k: round(v, 2) for k, v in (r.get('ppl') or {}).items()}, round(r.get('wall_s', 0)), r.get('error', '')) for r in map(json.loads, sys.stdin)]" ;;
     calib-speed)
-      # Taylor-Calibrate wall time at the Qwen2.5-1.5B shape (random weights), CALIB_LAYERS deep (0 = all 28)
+      # Taylor-Calibrate wall time at the Qwen2.5-1.5B shape (random weights), CALIB_LAYERS deep (0 = all 28); a second
+      # run in one call finds the compile caches the first one filled (calib_speed_0.json, calib_speed_1.json, ...)
       python3 bench/calib_speed.py --shape qwen2.5-1.5b --keep uniform:25% --windows "${CALIB_WINDOWS:-128}" \
-        --window 512 --init "${CALIB_INIT:-taylor}" --num-layers "${CALIB_LAYERS:-0}" --json "$OUT/calib_speed.json" \
+        --window 512 --init "${CALIB_INIT:-taylor}" --num-layers "${CALIB_LAYERS:-0}" \
+        --json "$OUT/calib_speed_$(ls "$OUT"/calib_speed_*.json 2>/dev/null | wc -l).json" \
         2>&1 | grep -v "it/s" | tail -20 ;;
     recover50)
       # 50 % converted (attention kept at 0,2,...,28): copy vs the paper's recipe vs taylor, the same pool, order,

@@ -124,6 +124,27 @@ def test_unknown_backend_and_fla_on_cpu_are_clear_errors():
         gated_delta_rule(q, k, v, g, b, backend="fla")
 
 
+def test_torch_only_keeps_auto_off_fla_with_and_without_gradients(monkeypatch):
+    import tcal.ops as ops
+    import tcal.ops.dispatch as dispatch
+
+    # a stand-in fla on a stand-in GPU: only which backend "auto" picks is asked here
+    monkeypatch.setattr(dispatch, "_fla_ops", lambda: (object(), object()))
+    monkeypatch.setattr(dispatch, "fla_backward_ok", lambda: True)
+    monkeypatch.delenv("TCAL_GDN_BACKEND", raising=False)
+    cuda = torch.device("cuda")
+    assert dispatch.resolve_backend("auto", cuda, 512) == "fla"
+    with ops.torch_only(True):
+        assert dispatch.resolve_backend("auto", cuda, 512) == "chunk"
+        assert dispatch.resolve_backend("auto", cuda, 512, needs_grad=True) == "chunk"
+        assert dispatch.resolve_backend("auto", cuda, 1) == "naive"
+        assert dispatch.resolve_backend("fla", cuda, 512) == "fla"  # asked for by name: still given
+        with ops.torch_only(False):
+            assert dispatch.resolve_backend("auto", cuda, 512) == "fla"
+        assert dispatch.resolve_backend("auto", cuda, 512) == "chunk"
+    assert dispatch.resolve_backend("auto", cuda, 512) == "fla"
+
+
 def test_compiled_chunk_path_matches_eager_with_grads(monkeypatch, caplog):
     # tcal.ops.compile_training / TCAL_GDN_COMPILE: the torch.compile'd chunked path that trains on GPUs
     # without fla's backward must give the eager path's outputs and gradients.

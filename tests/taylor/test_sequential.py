@@ -110,6 +110,37 @@ def test_lazy_capture_takes_the_layers_asked_for_next_in_one_pass(monkeypatch):
         assert cal.passes == passes + 1
 
 
+def test_lazy_passes_keep_their_planned_sizes_when_the_budget_changes(monkeypatch):
+    import tcal.taylor.pipeline as pipeline
+    from tcal.taylor.pipeline import pass_sizes
+
+    assert pass_sizes(21, per_layer_bytes=10, budget=100) == [7, 7, 7]
+    assert pass_sizes(7, per_layer_bytes=10, budget=30) == [3, 2, 2]
+    assert pass_sizes(3, per_layer_bytes=10, budget=5) == [1, 1, 1]
+    teacher = tiny_teacher("qwen2", **{**CFG, "num_hidden_layers": 6})
+    x = ids(2)
+    per_layer = 2 * x.numel() * CFG["hidden_size"] * 4
+    order = list(range(6))
+
+    def groups(budgets):
+        seen = iter(budgets)
+        monkeypatch.setattr(pipeline, "group_bytes_for", lambda device: next(seen))
+        cal = prepare(teacher, x, order, statistics=False, lazy=True)
+        out, todo = [], list(order)
+        while todo:
+            got = cal.layer_ios(todo[0], then=todo[1:])
+            out.append(sorted(got))
+            todo = [i for i in todo if i not in got]
+        return out
+
+    # two per pass first; a budget grown by the time of the second pass (the first group's memory given
+    # back) keeps the plan of equal passes, not 2 then 4 (two shapes for Phase 2 side by side)
+    assert groups([2 * per_layer, 10 * per_layer, 10 * per_layer]) == [[0, 1], [2, 3], [4, 5]]
+    # a budget shrunk below the plan re-plans what is left in equal shares
+    assert groups([3 * per_layer, per_layer, per_layer, per_layer, per_layer]) == [[0, 1, 2], [3], [4], [5]]
+    assert groups([3 * per_layer, 2 * per_layer, 2 * per_layer]) == [[0, 1, 2], [3, 4], [5]]
+
+
 def test_lazy_grouped_calibration_equals_one_pass_per_layer(monkeypatch):
     import tcal.taylor.pipeline as pipeline
 

@@ -16,6 +16,7 @@ from tcal.ops.dispatch import (
     gated_delta_rule,
     resolve_backend,
     set_compile,
+    torch_only,
 )
 from tcal.ops.fused import fused_gdn_step, fused_gdn_step_available, norm_gated_available, rms_norm_gated
 from tcal.ops.naive import naive_recurrent_gated_delta_rule
@@ -36,4 +37,5 @@ __all__ = [
     "resolve_backend",
     "rms_norm_gated",
     "set_compile",
+    "torch_only",
 ]

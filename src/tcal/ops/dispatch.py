@@ -67,7 +67,7 @@ def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad
                             "use backend 'auto' or 'chunk' for training, or install tilelang")
         return "fla"
     if backend == "auto":
-        if device.type == "cuda" and _fla_ops() is not None:
+        if device.type == "cuda" and _fla_ops() is not None and not _COMPILE["torch_only"]:
             if not needs_grad or fla_backward_ok():
                 return "fla"
             _warn_fla_backward()
@@ -79,7 +79,20 @@ def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad
 # The GDN layer is called from deep inside the teacher's HF decoder, so whether its training calls
 # run compiled cannot be passed down as an argument: it is this module's state, set for the
 # duration of a training run by compile_training().
-_COMPILE = {"on": False, "failed": False}
+_COMPILE = {"on": False, "failed": False, "torch_only": False}
+
+
+@contextlib.contextmanager
+def torch_only(on: bool):
+    """Within the block (``on``), backend "auto" runs every call on the PyTorch paths, with or without
+    gradients. Calibration takes it where fla cannot train: its fits then score their held-out checks
+    with the kernel they train through, and a process that only calibrates does not pay fla's one-time
+    Triton compile and autotune for its few inference calls (60 s of a Qwen2.5-1.5B-shape conversion)."""
+    previous, _COMPILE["torch_only"] = _COMPILE["torch_only"], bool(on)
+    try:
+        yield
+    finally:
+        _COMPILE["torch_only"] = previous
 
 
 def set_compile(on: bool) -> bool:

@@ -73,10 +73,15 @@ def capture_group(first: int, then: Sequence[int], per_layer_bytes: int, budget:
     take about as many layers each (21 layers that fit 10 at a time go 7, 7, 7, not 10, 10, 1), so the
     layers fitted side by side come in groups of one size, i.e. one compiled shape. At least ``first``."""
     rest = [i for i in dict.fromkeys(then) if i != first]
+    return [first, *rest[: pass_sizes(1 + len(rest), per_layer_bytes, budget)[0] - 1]]
+
+
+def pass_sizes(total: int, per_layer_bytes: int, budget: int) -> list[int]:
+    """Layers per lazy teacher pass for ``total`` layers of ``per_layer_bytes`` each in ``budget`` bytes: as few
+    passes as fit, sizes as equal as they can be, largest first (7 layers that fit 3 at a time: 3, 2, 2)."""
     per_pass = max(1, budget // max(1, per_layer_bytes))
-    total = 1 + len(rest)
     passes = -(-total // per_pass)
-    return [first, *rest[: -(-total // passes) - 1]]
+    return [total // passes + (k < total % passes) for k in range(passes)]
 
 
 @dataclass
@@ -95,6 +100,10 @@ class Calibration:
     # lazy: layers a grouped pass took beyond the one asked for, each handed out (and dropped) once
     pending: dict[int, LayerIO] = field(default_factory=dict)
     passes: int = 0  # lazy teacher passes made so far
+    # sizes of the grouped passes still to come, planned at the first: the layers of a pass are fitted side by
+    # side, one group size is one compiled shape, and a budget read later can be smaller (the first group's
+    # fit held memory), which would cut the rest into more, smaller groups of new shapes
+    pass_plan: list[int] = field(default_factory=list)
 
     @property
     def lazy(self) -> bool:
@@ -124,9 +133,12 @@ class Calibration:
                             "from; prepare it with tcal.taylor.pipeline.prepare")
         group = [layer]
         if io is None and not resid:
-            width = self.teacher.config.hidden_size
-            group = capture_group(layer, [i for i in then if i not in self.pending],
-                                  2 * self.ids.numel() * width * 4, group_bytes_for(self.device))
+            per_layer = 2 * self.ids.numel() * self.teacher.config.hidden_size * 4
+            budget = group_bytes_for(self.device)
+            rest = [i for i in dict.fromkeys(then) if i not in self.pending and i != layer]
+            if not self.pass_plan or self.pass_plan[0] * per_layer > max(budget, per_layer):
+                self.pass_plan = pass_sizes(1 + len(rest), per_layer, budget)
+            group = [layer, *rest[: self.pass_plan.pop(0) - 1]]
         fresh = capture_teacher_io(self.teacher, self.ids, group, batch_size=self.batch_size, with_ctx=False,
                                    with_resid=resid, device=self.device)
         self.passes += 1
@@ -301,25 +313,27 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     record: dict = {"calibration": calibration.record()}
     if calibration.stats is not None:
         record["statistics"] = calibration.stats.to_dict()
-    if phase1 is not None:
-        if calibration.stats is None:
-            raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
-        record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
-                                        progress=progress, **phase1_switches)
-    with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
-        if phase2:
-            with tf32_matmul(device, align.tf32 is not False):
-                record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size,
-                                                   progress=progress, spread=spread)
-        if kl is not None and kl.steps:
-            rank, world = parallel.ranks() if spread else (0, 1)
-            kl_record = None
-            if rank == 0:
-                # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
-                with tf32_matmul(device, kl.tf32 is not False):
-                    kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
-                                         calibration.ids[calibration.heldout_rows], kl, progress=progress)
-            if world > 1:
-                kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
-            record["kl"] = kl_record
+    # where fla cannot train, every GDN call of the calibration runs on the PyTorch path (ops.torch_only)
+    with ops.torch_only(ops.compile_by_default(device)):
+        if phase1 is not None:
+            if calibration.stats is None:
+                raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
+            record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
+                                            progress=progress, **phase1_switches)
+        with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
+            if phase2:
+                with tf32_matmul(device, align.tf32 is not False):
+                    record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size,
+                                                       progress=progress, spread=spread)
+            if kl is not None and kl.steps:
+                rank, world = parallel.ranks() if spread else (0, 1)
+                kl_record = None
+                if rank == 0:
+                    # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
+                    with tf32_matmul(device, kl.tf32 is not False):
+                        kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                             calibration.ids[calibration.heldout_rows], kl, progress=progress)
+                if world > 1:
+                    kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
+                record["kl"] = kl_record
     return record

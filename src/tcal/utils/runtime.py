@@ -75,11 +75,16 @@ def peak_memory(device: torch.device) -> dict:
 
 def memory_budget(device) -> int:
     """Bytes a stage may hold on ``device`` for a cache it can do without: a quarter of the free memory on
-    CUDA (the rest is for the model, its activations and gradients), 4 GiB on CPU."""
+    CUDA (the rest is for the model, its activations and gradients), 4 GiB on CPU.
+
+    Free on CUDA counts the blocks PyTorch's caching allocator holds but no tensor uses: the driver reports
+    them as taken, so after one stage freed its tensors the next would see a smaller budget than it has
+    (the Qwen-shape Phase 2 took its layers in groups of 7, 4, 4, 3, 3 where 7, 7, 7 fitted)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free // 4)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((free + max(0, cached)) // 4)
     return 4 << 30
 
 
