@@ -38,6 +38,15 @@ def needle_mass(model, ids, layers, positions):
     return out
 
 
+def prompt_args(p) -> None:
+    """The arguments :func:`load_pair` reads, added to the parser ``p``."""
+    p.add_argument("hybrid")
+    p.add_argument("--teacher", default="smollm2-135m")
+    p.add_argument("--length", type=int, default=2048)
+    p.add_argument("--samples", type=int, default=10)
+    p.add_argument("--haystack", default="sotu:eval")
+
+
 def load_pair(args):
     """(teacher, tokenizer, hybrid, the passkey prompts) as the quality suite builds them (``args``: teacher,
     hybrid, length, samples, haystack)."""
@@ -56,11 +65,7 @@ def load_pair(args):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hybrid")
-    p.add_argument("--teacher", default="smollm2-135m")
-    p.add_argument("--length", type=int, default=2048)
-    p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--haystack", default="sotu:eval")
+    prompt_args(p)
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

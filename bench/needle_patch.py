@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from needle_attention import load_pair, value_positions
+from needle_attention import load_pair, prompt_args, value_positions
 
 PATCHES = ("none", "needle", "query", "both", "all")
 
@@ -54,12 +54,8 @@ def masses(model, ids, layer: int, positions, patch=None):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hybrid")
-    p.add_argument("--teacher", default="smollm2-135m")
+    prompt_args(p)
     p.add_argument("--layers", default="21,23", help="kept attention layers to patch (one at a time)")
-    p.add_argument("--length", type=int, default=2048)
-    p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--haystack", default="sotu:eval")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

@@ -147,7 +147,7 @@ def test_gradient_stages_run_compiled_when_asked_and_by_device_otherwise(monkeyp
         return run
 
     monkeypatch.delenv("TCAL_GDN_COMPILE", raising=False)
-    monkeypatch.setattr(dispatch, "_COMPILE", {"on": False, "failed": False})
+    monkeypatch.setattr(dispatch, "_COMPILE", {"on": False, "failed": False, "torch_only": False})
     monkeypatch.setattr(dispatch, "_compiled_chunk", counting)
     teacher = tiny_teacher("llama", **CFG)
     ids = calib_ids(n=6)
@@ -163,3 +163,15 @@ def test_gradient_stages_run_compiled_when_asked_and_by_device_otherwise(monkeyp
     assert records[1]["compiled_calls"] >= 2 * 2 * 2  # 2 GDN layers x (2 Phase-2 + 2 KL steps)
     assert not dispatch._COMPILE["on"]  # the setting is put back
     assert dispatch.compile_by_default("cpu") is False
+
+
+def test_calibration_compiles_by_default_only_short_windows(monkeypatch):
+    import tcal.ops as ops
+    from tcal.taylor import pipeline
+
+    monkeypatch.setattr(ops, "compile_by_default", lambda device: True)  # a GPU where fla cannot train
+    assert pipeline.compile_calibration("cuda", 512)
+    assert pipeline.compile_calibration("cuda", pipeline.COMPILE_MAX_WINDOW)
+    assert not pipeline.compile_calibration("cuda", 4096)
+    monkeypatch.setattr(ops, "compile_by_default", lambda device: False)
+    assert not pipeline.compile_calibration("cpu", 512)

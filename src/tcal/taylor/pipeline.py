@@ -63,6 +63,18 @@ PHASE1_SEQUENCES = 64
 LAZY_GROUP_BYTES: int | None = None
 
 
+# Calibration windows longer than this train uncompiled even where compiling is the default: the compiled
+# chunk loop grows with the window's chunks, and at 4,096 tokens its compile cost Phase 2 107 s for its first
+# 13 steps where the uncompiled fit ran all 300 in 48 s (H200, niah:15, 15 layers side by side), while the KL
+# stage ran ~1.2 s per step either way.
+COMPILE_MAX_WINDOW = 1024
+
+
+def compile_calibration(device, window: int) -> bool:
+    """Whether the calibration's gradient calls run compiled when the caller does not say."""
+    return ops.compile_by_default(device) and window <= COMPILE_MAX_WINDOW
+
+
 def group_bytes_for(device) -> int:
     return LAZY_GROUP_BYTES if LAZY_GROUP_BYTES is not None else memory_budget(device)
 
@@ -287,7 +299,8 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     hybrid and record. Phase 1 (closed-form, cheap) runs on every rank.
 
     ``compile``: Phase 2's and the KL stage's gradient calls through the compiled chunked path
-    (None: where :func:`tcal.ops.compile_by_default` says, i.e. on GPUs without fla's backward).
+    (None: where :func:`tcal.ops.compile_by_default` says, i.e. on GPUs without fla's backward, for windows
+    up to :data:`COMPILE_MAX_WINDOW` tokens).
     """
     if phase1 is not None and phase1 not in PHASE1_VARIANTS:
         raise TcalError(f"unknown Phase 1 variant {phase1!r}; choose one of {', '.join(PHASE1_VARIANTS)}")
@@ -320,7 +333,8 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
                 raise TcalError("Phase 1 needs teacher statistics: prepare the calibration with statistics=True")
             record["phase1"] = apply_phase1(hybrid, calibration.stats, calibration.phase1_io(), phase1,
                                             progress=progress, **phase1_switches)
-        with ops.compile_training(ops.compile_by_default(device) if compile is None else compile):
+        with ops.compile_training(compile_calibration(device, calibration.ids.shape[1]) if compile is None
+                                  else compile):
             if phase2:
                 with tf32_matmul(device, align.tf32 is not False):
                     record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size,
