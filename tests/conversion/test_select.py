@@ -170,6 +170,13 @@ def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
     evaluation = make_samples("single", tok, 96, 2, seed=0, documents=[text])
     assert tok.decode(ids[0, :-n]) != tok.decode(tok(evaluation[0].prompt)["input_ids"])
     assert n >= 2 and ids.shape[1] <= 96 + n
+    # the default length (2,048) on a teacher of 128 positions: scored on prompts that fit, said in the protocol
+    from tcal.conversion.select import NIAH_ANSWER_ROOM
+
+    short = tiny_teacher("llama", vocab_size=len(tok), max_position_embeddings=128)
+    wide = SelectionConfig(niah_samples=2, niah_haystack=str(tmp_path / "hay.txt"), cache_dir=str(tmp_path / "c2"))
+    got = select_layers(short, "niah:2", tokenizer=tok, cfg=wide, progress=False)
+    assert got.protocol["niah"][0] == 128 - NIAH_ANSWER_ROOM and all(math.isfinite(x) for x in got.scores)
 
 
 def test_ga_modules_take_the_layer_local_part_of_a_kl_init(monkeypatch):

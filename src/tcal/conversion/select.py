@@ -71,6 +71,15 @@ def answer_prompts(tokenizer, cfg: SelectionConfig) -> list[tuple[torch.Tensor, 
     return prompts
 
 
+NIAH_ANSWER_ROOM = 16  # tokens past the prompt for the appended answer (": " + 7 digits + ".")
+
+
+def niah_length_for(teacher, length: int) -> int:
+    """``length``, or less where the teacher's positions end before the prompt and its answer would."""
+    limit = getattr(teacher.config, "max_position_embeddings", None)
+    return length if not limit else max(1, min(length, int(limit) - NIAH_ANSWER_ROOM))
+
+
 @torch.no_grad()
 def niah_scores(teacher, tokenizer, cfg: SelectionConfig, *, progress: bool = True) -> list[float]:
     """Mean NLL of the needle's answer tokens with layer i's attention output zeroed, for every i.
@@ -153,8 +162,12 @@ class SelectionConfig:
     batch_size: int = 4
     init: str = "copy"  # for ga
     cache_dir: str | None = None
-    # niah: prompts of this many tokens on this haystack, this many of them, this seed
-    niah_length: int = 512
+    # niah: prompts of this many tokens (at most the teacher's position limit, less room for the answer) on this
+    # haystack, this many of them, this seed. 2,048, not 512: scored at 512 the policy left out the layer a
+    # 50 %-converted SmolLM2's retrieval needed most at 1K-4K (layer 7, 16th of 30 at 512, 5th at 2,048); with it
+    # kept the CPU-budget passkey at 1K / 2K / 4K went 0.70 / 0.40 / 0.20 -> 0.90 / 0.70 / 0.50
+    # (bench/results/cpu-2026-12-02/revert-layers/)
+    niah_length: int = 2048
     niah_samples: int = 8
     niah_haystack: str = "sotu:calib"
     niah_seed: int = 1
@@ -214,6 +227,7 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         if calib_ids is not None:
             extra["calib_ids"] = hashlib.sha256(torch.as_tensor(calib_ids).cpu().numpy().tobytes()).hexdigest()[:16]
     if pol.kind == "niah":
+        cfg = dataclasses.replace(cfg, niah_length=niah_length_for(teacher, cfg.niah_length))
         extra = {"niah": [cfg.niah_length, cfg.niah_samples, cfg.niah_haystack, cfg.niah_seed]}
     path = _cache_file(cfg, pol.kind, teacher, extra)
     protocol = {"data": cfg.data, "window": cfg.window, "val_windows": cfg.val_windows,
