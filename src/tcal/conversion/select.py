@@ -164,9 +164,8 @@ class SelectionConfig:
     cache_dir: str | None = None
     # niah: prompts of this many tokens (at most the teacher's position limit, less room for the answer) on this
     # haystack, this many of them, this seed. 2,048, not 512: scored at 512 the policy left out the layer a
-    # 50 %-converted SmolLM2's retrieval needed most at 1K-4K (layer 7, 16th of 30 at 512, 5th at 2,048); with it
-    # kept the CPU-budget passkey at 1K / 2K / 4K went 0.70 / 0.40 / 0.20 -> 0.90 / 0.70 / 0.50
-    # (bench/results/cpu-2026-12-02/revert-layers/)
+    # 50 %-converted SmolLM2's retrieval at 1K-4K needed most, which it ranks 5th at 2,048 (README,
+    # *Retrieval-aware selection*; bench/results/cpu-2026-12-02/revert-layers/)
     niah_length: int = 2048
     niah_samples: int = 8
     niah_haystack: str = "sotu:calib"

@@ -87,7 +87,7 @@ def torch_only(on: bool):
     """Within the block (``on``), backend "auto" runs every call on the PyTorch paths, with or without
     gradients. Calibration takes it where fla cannot train: its fits then score their held-out checks
     with the kernel they train through, and a process that only calibrates does not pay fla's one-time
-    Triton compile and autotune for its few inference calls (60 s of a Qwen2.5-1.5B-shape conversion)."""
+    Triton compile and autotune for its few inference calls (README: the Qwen2.5-1.5B-shape timing)."""
     previous, _COMPILE["torch_only"] = _COMPILE["torch_only"], bool(on)
     try:
         yield

@@ -79,7 +79,7 @@ def memory_budget(device) -> int:
 
     Free on CUDA counts the blocks PyTorch's caching allocator holds but no tensor uses: the driver reports
     them as taken, so after one stage freed its tensors the next would see a smaller budget than it has
-    (the Qwen-shape Phase 2 took its layers in groups of 7, 4, 4, 3, 3 where 7, 7, 7 fitted)."""
+    and cut its work into more, smaller pieces than fit."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
