@@ -84,14 +84,13 @@ def test_lazy_capture_gives_the_layer_local_fit_of_the_eager_one():
 
 def test_lazy_capture_takes_the_layers_asked_for_next_in_one_pass(monkeypatch):
     import tcal.taylor.pipeline as pipeline
-    from tcal.taylor.pipeline import capture_group
+    from tcal.taylor.pipeline import pass_sizes
 
     # 4 layers, at most 3 per pass: two passes of two, not three and one
-    assert capture_group(1, [2, 3, 5], per_layer_bytes=10, budget=30) == [1, 2]
-    assert capture_group(1, [2, 3, 5], per_layer_bytes=10, budget=40) == [1, 2, 3, 5]
-    assert capture_group(0, list(range(1, 7)), per_layer_bytes=10, budget=30) == [0, 1, 2]  # 7 layers: 3, 2, 2
-    assert capture_group(3, [4, 5, 6], per_layer_bytes=10, budget=30) == [3, 4]
-    assert capture_group(1, [2, 3], per_layer_bytes=10, budget=5) == [1]  # always the layer asked for
+    assert pass_sizes(4, per_layer_bytes=10, budget=30) == [2, 2]
+    assert pass_sizes(4, per_layer_bytes=10, budget=40) == [4]
+    assert pass_sizes(7, per_layer_bytes=10, budget=30) == [3, 2, 2]
+    assert pass_sizes(3, per_layer_bytes=10, budget=5) == [1, 1, 1]  # always at least the layer asked for
     teacher = tiny_teacher("qwen2", **CFG)
     x = ids(6)
     ref = capture_teacher_io(teacher, x, [0, 1, 2, 3], with_ctx=False)

@@ -79,18 +79,11 @@ def group_bytes_for(device) -> int:
     return LAZY_GROUP_BYTES if LAZY_GROUP_BYTES is not None else memory_budget(device)
 
 
-def capture_group(first: int, then: Sequence[int], per_layer_bytes: int, budget: int) -> list[int]:
-    """The layers one lazy teacher pass captures: ``first``, then the next of ``then`` (in order) as their
-    x + out fit in ``budget`` bytes, in equal shares: the passes that ``first`` and all of ``then`` need
-    take about as many layers each (21 layers that fit 10 at a time go 7, 7, 7, not 10, 10, 1), so the
-    layers fitted side by side come in groups of one size, i.e. one compiled shape. At least ``first``."""
-    rest = [i for i in dict.fromkeys(then) if i != first]
-    return [first, *rest[: pass_sizes(1 + len(rest), per_layer_bytes, budget)[0] - 1]]
-
-
 def pass_sizes(total: int, per_layer_bytes: int, budget: int) -> list[int]:
-    """Layers per lazy teacher pass for ``total`` layers of ``per_layer_bytes`` each in ``budget`` bytes: as few
-    passes as fit, sizes as equal as they can be, largest first (7 layers that fit 3 at a time: 3, 2, 2)."""
+    """Layers per lazy teacher pass for ``total`` layers whose x + out take ``per_layer_bytes`` each, in
+    ``budget`` bytes: as few passes as fit, in equal shares, largest first (21 layers that fit 10 at a time go
+    7, 7, 7, not 10, 10, 1; 7 that fit 3 go 3, 2, 2), so the layers fitted side by side come in groups of one
+    size, i.e. one compiled shape. At least one layer per pass."""
     per_pass = max(1, budget // max(1, per_layer_bytes))
     passes = -(-total // per_pass)
     return [total // passes + (k < total % passes) for k in range(passes)]
