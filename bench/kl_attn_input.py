@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--keep", default=",".join(map(str, NIAH15)))
     p.add_argument("--kl-steps", type=int, default=20)
     p.add_argument("--align-steps", type=int, default=100)
+    p.add_argument("--short-conv", action="store_true", help="GDN layers with short convs (identity taps at the start)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -49,7 +50,7 @@ def main() -> None:
                                align=AlignConfig(steps=args.align_steps),
                                kl=KLConfig(steps=args.kl_steps, batch_size=3, attn_input_weight=args.weight,
                                            attn_map_weight=args.map_weight, attn_query_weight=args.query_weight),
-                               progress=True)
+                               use_short_conv=args.short_conv, progress=True)
     convert_s = time.perf_counter() - t0
     ppl = perplexity_report(conv.hybrid, tok, as_corpus("wiki:eval"), window=512, windows=16)["ppl"]
     out = Path(args.out)
