@@ -25,7 +25,7 @@ import torch
 
 from tcal.data.teachers import load_teacher
 from tcal.evaluate import perplexity_report
-from tcal.evaluate.niah import check_lengths, niah_cell
+from tcal.evaluate.niah import accuracy_interval, check_lengths, niah_cell
 from tcal.utils.atomic import write_json
 from tcal.utils.runtime import resolve_device, resolve_dtype
 
@@ -116,6 +116,12 @@ def markdown(state, args) -> str:
             cells = [state[m]["niah"].get(f"{t}@{n}") for n in lengths]
             lines.append(f"| {m} | " + " | ".join(f"{c['accuracy']:.2f}" if c else "-" for c in cells) + " |")
         lines.append("")
+    if tasks:
+        n = args.samples
+        k = round(0.9 * n)
+        lo, hi = accuracy_interval([1.0] * k + [0.0] * (n - k))
+        lines += [f"One prompt is {1 / n:.2f} of a cell: over {n} prompts the 95 % interval (Wilson) of {k}/{n} is "
+                  f"{lo:.2f}-{hi:.2f}; each cell's own interval is in quality.json", ""]
     if lm_tasks:
         lines += ["| model | task | metric | value | stderr |", "|---|---|---|---:|---:|"]
         for m in names:

@@ -7,7 +7,7 @@ from helpers import tiny_teacher, word_tokenizer
 
 import tcal
 from tcal.cli import main
-from tcal.evaluate.niah import NEEDLE, TASKS, make_samples, niah, niah_details, score
+from tcal.evaluate.niah import NEEDLE, TASKS, accuracy_interval, make_samples, niah, niah_details, score
 from tcal.recipes.eval import RETRIEVAL_TASKS
 from tcal.utils.errors import TcalError
 
@@ -100,7 +100,11 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     data = json.loads((out / "niah.json").read_text())
     assert [(c["task"], c["length"]) for c in data["cells"]] == [("single", 128), ("single", 256),
                                                                   ("single-noise", 128), ("single-noise", 256)]
-    assert "| single-noise |" in (out / "niah.md").read_text() and (out / "niah.png").stat().st_size > 1000
+    md = (out / "niah.md").read_text()
+    assert "| single-noise |" in md and (out / "niah.png").stat().st_size > 1000
+    for c in data["cells"]:  # the stored interval is the one the table prints, around the cell's accuracy
+        lo, hi = c["interval"]
+        assert lo <= c["accuracy"] <= hi and f"{c['accuracy']:.2f} ({lo:.2f}-{hi:.2f})" in md
     assert not (tmp_path / "niah.partial").exists()
     # an interrupted run keeps its finished cells: the rerun computes only what is missing
     partial = tmp_path / "again.partial"
@@ -151,3 +155,20 @@ def test_retrieval_probes_score_what_niah_scores(tok, monkeypatch):
         retrieval_probes(None, [128], 2)
     with pytest.raises(TcalError, match="samples"):
         retrieval_probes(tok, [128], 0)
+
+
+def test_accuracy_interval_is_wilsons():
+    # 18 of 20: p = 0.9, centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+    lo, hi = accuracy_interval([1.0] * 18 + [0.0] * 2)
+    assert lo == pytest.approx(0.6990, abs=1e-3) and hi == pytest.approx(0.9721, abs=1e-3)
+    # all or nothing keeps a width of its own instead of collapsing onto 0 or 1
+    lo, hi = accuracy_interval([1.0] * 20)
+    assert hi == 1.0 and 0.8 < lo < 0.85
+    lo, hi = accuracy_interval([0.0] * 20)
+    assert lo == 0.0 and 0.15 < hi < 0.2
+    # more prompts, a narrower interval around the same accuracy
+    lo100, hi100 = accuracy_interval([1.0] * 90 + [0.0] * 10)
+    lo20, hi20 = accuracy_interval([1.0] * 18 + [0.0] * 2)
+    assert lo20 < lo100 < 0.9 < hi100 < hi20
+    with pytest.raises(TcalError, match="at least one"):
+        accuracy_interval([])

@@ -20,6 +20,7 @@ of it see the very same prompts.
 """
 from __future__ import annotations
 
+import math
 import random
 import string
 import time
@@ -98,6 +99,20 @@ def score(output: str, answers: Sequence[str]) -> float:
         raise TcalError("a sample needs at least one expected answer")
     out = output.lower()
     return sum(a.lower() in out for a in answers) / len(answers)
+
+
+def accuracy_interval(scores: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval (95 % for z = 1.96) of the mean of per-prompt ``scores`` in [0, 1]: exact for
+    0/1 scores, an approximation that treats the mean as a proportion for recall scores. With 20 prompts one
+    needle moves the accuracy by 0.05 and 18 of 20 spans about 0.70-0.97: targets read against it, not the mean."""
+    n = len(scores)
+    if n == 0:
+        raise TcalError("an accuracy interval needs at least one scored prompt")
+    p = sum(scores) / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _value(rng: random.Random, kind: str) -> str:
@@ -270,8 +285,9 @@ def niah_cell(model, tokenizer, *, task: str, length: int, samples: int, seed: i
     t0 = time.perf_counter()
     rows = niah_details(model, tokenizer, task=task, length=length, samples=samples, seed=seed, haystack=haystack,
                         batch_size=batch_size, progress=progress)
-    return {"task": task, "length": length, "accuracy": sum(r["score"] for r in rows) / len(rows),
-            "seconds": time.perf_counter() - t0, "samples": rows}
+    scores = [r["score"] for r in rows]
+    return {"task": task, "length": length, "accuracy": sum(scores) / len(rows),
+            "interval": list(accuracy_interval(scores)), "seconds": time.perf_counter() - t0, "samples": rows}
 
 
 def retrieval_probes(tokenizer, lengths: Sequence[int], samples: int, *, task: str = "single", seed: int = 0,

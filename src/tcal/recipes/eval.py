@@ -133,16 +133,23 @@ def run_retrieval(cfg: EvalConfig) -> dict:
 
 
 def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
-    acc = {(c["task"], c["length"]): c["accuracy"] for c in cells}
+    from tcal.evaluate.niah import accuracy_interval
+
+    # from the samples, so cells a resumed run kept from before intervals were stored read the same
+    acc = {(c["task"], c["length"]): (c["accuracy"], accuracy_interval([s["score"] for s in c["samples"]]))
+           for c in cells}
     secs = sum(c["seconds"] for c in cells)
     lines = [f"# Retrieval: {cfg.model}", "",
              f"- {cfg.samples} prompts per task and length, needle depths spread over 0..1, seed {cfg.seed}; "
              f"greedy decoding; score = fraction of expected answers found in the output (RULER string_match_all)",
              f"- haystack (real-text tasks): `{cfg.haystack}`, used for no calibration or training",
+             f"- in brackets: the 95 % interval (Wilson) over the {cfg.samples} prompts; cells whose intervals "
+             "overlap are not told apart by this many prompts",
              f"- wall time {secs:.0f} s", "",
              "| task | " + " | ".join(f"{n:,}" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]
-    lines += [f"| {t} | " + " | ".join(f"{acc[(t, n)]:.2f}" for n in lengths) + " |" for t in tasks]
+    lines += [f"| {t} | " + " | ".join(f"{a:.2f} ({lo:.2f}-{hi:.2f})" for a, (lo, hi) in (acc[(t, n)] for n in lengths))
+              + " |" for t in tasks]
     return "\n".join(lines) + "\n"
 
 
