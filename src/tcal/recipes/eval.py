@@ -143,8 +143,8 @@ def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
              f"- {cfg.samples} prompts per task and length, needle depths spread over 0..1, seed {cfg.seed}; "
              f"greedy decoding; score = fraction of expected answers found in the output (RULER string_match_all)",
              f"- haystack (real-text tasks): `{cfg.haystack}`, used for no calibration or training",
-             f"- in brackets: the 95 % interval (Wilson) over the {cfg.samples} prompts; cells whose intervals "
-             "overlap are not told apart by this many prompts",
+             f"- in brackets: the 95 % interval (Wilson) over the {cfg.samples} prompts; read a difference "
+             "between cells, or against a target, against these widths",
              f"- wall time {secs:.0f} s", "",
              "| task | " + " | ".join(f"{n:,}" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]
