@@ -49,6 +49,7 @@ unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(s
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
+  case $step in select-timing|recover|sweep|recover50|quality|distill-long) need_teacher "$step" ;; esac
   case $step in
     stage)
       if ls .whl/*.whl >/dev/null 2>&1; then
@@ -98,16 +99,13 @@ for step in "$@"; do
       python3 bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 --seq-len 1024 \
         --batch-size 32 --steps 8 --json "$OUT/distill_speed.json" ;;
     select-timing)
-      need_teacher select-timing
       python3 bench/select_policies.py --device cuda --ks 8,15 --init taylor-exact-silent --out "$OUT/select" | tail -12 ;;
     recover)
-      need_teacher recover
       # 6.5 minutes leaves room inside a 10-minute call for what --max-minutes cannot pause: loading the
       # teacher, a taylor conversion (146 s for 22 layers on the H200), the last checkpoint and the archive.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" ;;
     sweep)
-      need_teacher sweep
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
       [ -d .dev/sweep ] && cp -r .dev/sweep $S/ 2>/dev/null
@@ -133,7 +131,6 @@ for step in "$@"; do
         --json "$OUT/calib_speed_$(ls "$OUT"/calib_speed_*.json 2>/dev/null | wc -l).json" \
         2>&1 | grep -v "it/s" | tail -20 ;;
     recover50)
-      need_teacher recover50
       # 50 % converted (attention kept at 0,2,...,28): copy vs the paper's recipe vs taylor, the same pool, order,
       # schedule and budget for each; both calibrated inits read the same 512 x 512 mixed calibration tokens.
       # The calibrated inits go first: a conversion cannot pause, so it must not straddle a call's deadline.
@@ -145,7 +142,6 @@ for step in "$@"; do
         --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \
         --keep-init ;;
     quality)
-      need_teacher quality
       # every quality axis of the teacher and of recover50's models, zero-shot (-init) and trained
       # QUALITY_MODELS (name=path,...) replaces the default list; the teacher always comes first
       m=teacher=smollm2-135m
@@ -189,7 +185,6 @@ for step in "$@"; do
           --reps 10 --json "$OUT/scan_${bt/,/x}.json" | tail -4
       done ;;
     distill-long)
-      need_teacher distill-long
       # distil a hybrid the sweep saved (DISTILL_FROM, a job name) on DISTILL_SEQ-token sequences of the pool: retrieval
       # up to the passkey lengths needs training sequences that long (recover50's 1,024 brought it back to 1K only)
       H=/tmp/tcal-runs/sweep/$DISTILL_FROM

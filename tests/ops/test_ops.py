@@ -154,7 +154,7 @@ def test_compiled_chunk_path_matches_eager_with_grads(monkeypatch, caplog):
     import tcal.ops.dispatch as dispatch
 
     monkeypatch.delenv("TCAL_GDN_COMPILE", raising=False)
-    monkeypatch.setattr(dispatch, "_COMPILE", {"on": False, "failed": False, "torch_only": False})  # a fresh process's state
+    monkeypatch.setattr(dispatch, "_COMPILE", dict(dispatch.COMPILE_DEFAULTS))  # a fresh process's state
     torch.manual_seed(0)
     B, T, H, D = 1, 70, 2, 16
     base = [F.normalize(torch.randn(B, T, H, D), dim=-1), F.normalize(torch.randn(B, T, H, D), dim=-1),

@@ -147,7 +147,7 @@ def test_gradient_stages_run_compiled_when_asked_and_by_device_otherwise(monkeyp
         return run
 
     monkeypatch.delenv("TCAL_GDN_COMPILE", raising=False)
-    monkeypatch.setattr(dispatch, "_COMPILE", {"on": False, "failed": False, "torch_only": False})
+    monkeypatch.setattr(dispatch, "_COMPILE", dict(dispatch.COMPILE_DEFAULTS))
     monkeypatch.setattr(dispatch, "_compiled_chunk", counting)
     teacher = tiny_teacher("llama", **CFG)
     ids = calib_ids(n=6)

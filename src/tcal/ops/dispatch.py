@@ -79,7 +79,9 @@ def resolve_backend(backend: str, device: torch.device, seq_len: int, needs_grad
 # The GDN layer is called from deep inside the teacher's HF decoder, so whether its training calls
 # run compiled cannot be passed down as an argument: it is this module's state, set for the
 # duration of a training run by compile_training().
-_COMPILE = {"on": False, "failed": False, "torch_only": False}
+# A fresh process's switches (tests start from a copy, so a switch added here reaches them too)
+COMPILE_DEFAULTS = {"on": False, "failed": False, "torch_only": False}
+_COMPILE = dict(COMPILE_DEFAULTS)
 
 
 @contextlib.contextmanager
