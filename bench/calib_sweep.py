@@ -69,6 +69,8 @@ def job_sets() -> dict[str, list[dict]]:
     # twice the KL steps at 256K, then the 1M-token end of the curve (phase2 and taylor)
     longer_kl = [dict(keep="50", method="tes-kl", calib="mix", budget=b, kl_steps=600) for b in ("256k", "1m")]
     longer_kl.append(dict(keep="50", method="phase2", calib="mix", budget="1m"))
+    # the 1M-token point with the KL stage's steps scaled with the data (600 steps read 2.4 epochs of 1M tokens)
+    kl_1m = [dict(keep="50", method="tes-kl", calib="mix", budget="1m", kl_steps=1200)]
     # retrieval beyond the calibration length: the same 256K tokens in 2K-token windows (the quality step's
     # passkey then says whether the GDN layers keep up with the kept attention beyond 1K)
     long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
@@ -78,7 +80,7 @@ def job_sets() -> dict[str, list[dict]]:
     # 73 % converted at the GPU budget: taylor (300 KL steps) against phase2 on the same tokens
     ratio73 = [dict(keep="73", method="tes-kl", calib="mix", budget="256k", kl_steps=300),
                dict(keep="73", method="phase2", calib="mix", budget="256k")]
-    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "long-window": long_window,
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "kl-1m": kl_1m, "long-window": long_window,
             "long-window-4k": long_window4k, "ratio73": ratio73,
             "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
@@ -123,7 +125,7 @@ def job_name(job: dict, kl_steps: int) -> str:
 
 
 def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100,
-            save: Path | None = None, tokenizer=None, kl_steps_all: int | None = None) -> dict:
+            save: Path | None = None, tokenizer=None, kl_steps_all: int | None = None, kl_patience: int = 4) -> dict:
     import numpy as np
     import torch
 
@@ -150,7 +152,7 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     prep_s = time.perf_counter() - t0
     kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
     kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all,
-                      batch_size=kl_batch, eval_every=5, patience=4)
+                      batch_size=kl_batch, eval_every=5, patience=kl_patience)
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
     conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
                                progress=True)
@@ -212,7 +214,7 @@ def run_step(args) -> None:
         print(f"start {job_name(job, args.kl_steps)} at {t0 - start:.0f} s", flush=True)
         try:
             row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps,
-                          Path(args.save) if args.save else None, tok, args.kl_steps_all)
+                          Path(args.save) if args.save else None, tok, args.kl_steps_all, args.kl_patience)
         except Exception as e:  # one failed job must not lose the others' results
             row = {**job, "error": f"{type(e).__name__}: {e}"}
         row["wall_s"] = time.perf_counter() - t0
@@ -236,6 +238,9 @@ def main() -> None:
     r.add_argument("--kl-steps", type=int, default=100, help="KL stage steps (methods with a KL stage)")
     r.add_argument("--kl-steps-all", type=int, default=None,
                    help="KL stage steps for every job, over a job's own (its name keeps the job's own count)")
+    r.add_argument("--kl-patience", type=int, default=4,
+                   help="KLConfig.patience: held-out checks (every 5 steps) without a new best that stop the KL stage "
+                        "(and never before a tenth of its steps since session 15)")
     r.add_argument("--out", required=True)
     r.add_argument("--save", default=None, help="save each converted hybrid to SAVE/<job name>")
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")

@@ -147,6 +147,25 @@ def test_ar_selection_scores_once_then_reads_the_cache(tmp_path):
     assert again.cached and again.scores == first.scores and again.layers == first.layers
 
 
+def test_validation_slice_of_a_mixture_skips_the_calibration_side_of_each_part(tmp_path):
+    # tcal convert --keep ar:K scores on a slice of --calib, which may be a mixture "a+b" (the default is one)
+    from helpers import word_tokenizer
+
+    from tcal.conversion.select import validation_windows
+    from tcal.data.tokens import mixed_windows
+
+    words = "the cat sat on a mat dog ran far away".split()
+    tok = word_tokenizer(words)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(" ".join(words[:5] * 40))
+    b.write_text(" ".join(words[5:] * 40))
+    cfg = SelectionConfig(data=f"{a}+{b}", window=4, val_windows=4, skip_windows=4)
+    val = validation_windows(tok, cfg)
+    assert torch.equal(val, mixed_windows(f"{a}+{b}", tok, window=4, n_windows=8)[4:])
+    part = {int(w[1]) in tok.convert_tokens_to_ids(words[:5]) for w in val}
+    assert part == {True, False}  # both corpora in the slice
+
+
 def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
     from helpers import word_tokenizer
 

@@ -6,7 +6,7 @@ from helpers import tiny_teacher
 
 from tcal.conversion.select import Selection
 from tcal.report.plots import (
-    fmt_ppl, plot_ablation, plot_bench, plot_curve, plot_recovery, plot_selection, plot_stats,
+    fmt_ppl, plot_ablation, plot_bench, plot_calib_budget, plot_curve, plot_recovery, plot_selection, plot_stats,
 )
 from tcal.report.targets import target_table
 from tcal.taylor.statistics import collect_stats
@@ -59,3 +59,15 @@ def test_bench_plot_skips_errors_and_missing_numbers(tmp_path):
              {"model": "hybrid-fast", "context": 8192, "decode_ms": 5.5, "prefill_tok_s": 1.9e4}]
     assert is_png(plot_bench(cells, tmp_path / "bench.png", title="b"))
     assert is_png(plot_bench([{"model": "generate", "context": 16, "error": "x"}], tmp_path / "empty.png"))
+
+
+def test_calib_budget_plot_draws_each_domain_and_refuses_nothing_to_draw(tmp_path):
+    import pytest
+
+    from tcal.utils.errors import TcalError
+
+    series = {"phase2": [(16384, {"a": 25.0, "b": 60.0}), (1 << 20, {"a": 24.0, "b": 58.0})],
+              "taylor": [(1 << 20, {"a": 18.0})]}  # a point may lack a domain
+    assert is_png(plot_calib_budget(series, {"a": 16.3, "b": 42.5}, tmp_path / "c.png", title="t"))
+    with pytest.raises(TcalError, match="no evaluation domain"):
+        plot_calib_budget({}, {}, tmp_path / "d.png")

@@ -41,6 +41,25 @@ def test_kl_stage_never_returns_a_worse_state():
     assert mean_kl(hybrid, teacher, held, 4) == pytest.approx(rec["heldout_kl"], rel=1e-5)
 
 
+def test_stale_limit_is_the_patience_or_a_tenth_of_the_run():
+    assert KLConfig(steps=300, eval_every=5).stale_limit() == 6
+    assert KLConfig(steps=1200, eval_every=5).stale_limit() == 24
+    assert KLConfig(steps=40, eval_every=5).stale_limit() == 4  # short runs keep the patience
+    assert KLConfig(steps=1200, eval_every=5, patience_frac=0.0).stale_limit() == 4
+    assert KLConfig(steps=1200, patience=None).stale_limit() is None
+
+
+def test_kl_stage_stops_by_its_stale_limit():
+    # lr 3 unclipped makes the held-out KL worse than the start at every check (best step 0), so the stage
+    # runs exactly stale_limit checks
+    teacher = tiny_teacher("llama", **CFG)
+    train, held = ids(4), ids(2, seed=1)
+    for frac, want in ((0.0, 2), (0.5, 10)):
+        hybrid = build_hybrid(teacher, [0])
+        cfg = KLConfig(steps=20, lr=3.0, grad_clip=0.0, eval_every=1, patience=2, patience_frac=frac)
+        assert kl_stage(hybrid, teacher, train, held, cfg)["steps_run"] == want
+
+
 def test_kl_stage_needs_heldout_sequences_and_valid_settings():
     teacher = tiny_teacher("llama", **CFG)
     hybrid = build_hybrid(teacher, [0])
@@ -49,6 +68,7 @@ def test_kl_stage_needs_heldout_sequences_and_valid_settings():
     with pytest.raises(TcalError, match="held-out"):
         calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2), align=AlignConfig(heldout_frac=0.0))
     for bad in (dict(steps=-1), dict(lr=0.0), dict(lr=float("nan")), dict(batch_size=0), dict(patience=0),
+                dict(patience_frac=-0.1), dict(patience_frac=2.0),
                 dict(attn_input_weight=-1.0), dict(attn_input_weight=float("inf")), dict(attn_map_weight=-0.5)):
         with pytest.raises(TcalError):
             KLConfig(**bad)

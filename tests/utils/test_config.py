@@ -51,7 +51,7 @@ def test_shared_field_groups():
     assert names(DeviceArgs) == ["device"] and DeviceArgs().device == "auto"
     assert names(CalibArgs) == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps"]
     assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
-            CalibArgs().align_steps) == ("wiki:calib", "auto", None, None, None)
+            CalibArgs().align_steps) == ("wiki:calib+shakespeare:calib", "auto", None, None, None)
     assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "wiki:eval"
     assert names(GDNArgs) == ["use_short_conv", "output_gate"]
     assert (GDNArgs().use_short_conv, GDNArgs().output_gate) == (False, True)
@@ -71,6 +71,8 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
     assert CalibArgs(calib_budget="reference").budget("cuda") == ("reference", 4, 256, {"steps": 300}, ref_kl)
     assert CalibArgs(calib_windows=8, calib_window=64, align_steps=5, kl_steps=2).budget("cpu") == (
         "reference", 8, 64, {"steps": 5}, {"steps": 2, "batch_size": 3})
+    name, n, w, align, kl = CalibArgs(calib_budget="xl").budget("cuda")
+    assert (name, n * w, kl["steps"], align["batch_size"]) == ("xl", 2**20, 1200, 16)  # 1M tokens
     big = CalibArgs(calib_budget="large", align_steps=7).budget("cpu")[3]
     assert big["steps"] == 7 and CALIB_BUDGETS["large"]["align"]["steps"] == 300  # the preset itself is not edited
     for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),

@@ -15,6 +15,7 @@ from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.taylor.pipeline import Calibration, as_calibration_ids
+from tcal.utils.config import DEFAULT_CALIB
 from tcal.utils.errors import TcalError
 
 # The reference's calibration budget: 4 sequences of 256 tokens.
@@ -49,7 +50,7 @@ def convert_with_record(
     keep: Sequence[int] | str,
     init: str = "copy",
     *,
-    calib="wiki:calib",
+    calib=DEFAULT_CALIB,
     tokenizer=None,
     calib_ids: torch.Tensor | Calibration | None = None,
     calib_window: int = CALIB_WINDOW,
@@ -102,8 +103,8 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
       calibration corpus (:mod:`tcal.conversion.select`).
     - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
     - Calibrated inits (Taylor-Calibrate) take ``calib_ids`` (token ids (N, T), or a prepared
-      :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib``,
-      disjoint from ``wiki:eval``) with ``tokenizer`` into ``calib_windows`` windows of
+      :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib+shakespeare:calib``,
+      disjoint from every ``:eval`` split) with ``tokenizer`` into ``calib_windows`` windows of
       ``calib_window`` tokens (reference: 4 x 256).
     - Remaining keyword options: GDN construction (``use_short_conv``, ``output_gate``, ``backend``...)
       or init switches (``align=AlignConfig(...)``, Phase-1 options such as ``zero_wa=True``).

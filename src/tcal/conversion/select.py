@@ -30,7 +30,7 @@ from tcal.conversion.inits import get_init
 from tcal.conversion.policy import parse_policy, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
-from tcal.data.tokens import token_windows
+from tcal.data.tokens import mixed_windows
 from tcal.evaluate import window_ppl
 from tcal.evaluate.niah import make_samples
 from tcal.utils.atomic import write_json
@@ -200,8 +200,9 @@ def _cache_file(cfg: SelectionConfig, kind: str, teacher, extra: dict) -> Path:
 
 
 def validation_windows(tokenizer, cfg: SelectionConfig) -> torch.Tensor:
-    """The validation slice: windows of the calibration split after the first ``skip_windows``."""
-    ids = token_windows(cfg.data, tokenizer, window=cfg.window, n_windows=cfg.skip_windows + cfg.val_windows)
+    """The validation slice: windows of the calibration split (or mixture, interleaved as calibration reads it)
+    after the first ``skip_windows``."""
+    ids = mixed_windows(cfg.data, tokenizer, window=cfg.window, n_windows=cfg.skip_windows + cfg.val_windows)
     return ids[cfg.skip_windows:]
 
 

@@ -167,7 +167,7 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
         formula = f"{window}*{m}" if stride == window else f"{stride}*{m - 1}+{window}"
         raise TcalError(
             f"corpus {corpus.name} has {len(tokens)} tokens, {what} asked (needs {formula} = {need}); "
-            f"use fewer windows or a larger corpus"
+            f"use fewer windows or a larger corpus (or a mixture a+b, e.g. wiki:calib+shakespeare:calib)"
         )
     if seed is not None:
         rng = np.random.default_rng(seed)

@@ -1,6 +1,6 @@
 """`tcal ablate`: every initialisation strategy on identical layers and data, one table.
 
-Calibration tokens come from the calibration split (default ``wiki:calib``); perplexity from the
+Calibration tokens come from the calibration split (default ``wiki:calib+shakespeare:calib``); perplexity from the
 evaluation split (default ``wiki:eval``); the two are disjoint and the report says which is
 which. The teacher's activations and statistics are taken once
 (:func:`tcal.taylor.pipeline.prepare`) and shared by every calibrated init.

@@ -70,6 +70,35 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     return str(path)
 
 
+def plot_calib_budget(series: dict, teacher: dict, path, *, title: str = "") -> str:
+    """Zero-shot held-out PPL against calibration tokens, one panel per evaluation domain.
+
+    ``series``: {method: [(tokens, {domain: ppl}), ...]}; ``teacher``: {domain: ppl}, drawn dashed."""
+    domains = list(teacher) or sorted({d for pts in series.values() for _, ppl in pts for d in ppl})
+    if not domains:
+        raise TcalError("plot_calib_budget: no evaluation domain to draw")
+    fig = _figure((4.6 * len(domains), 3.8))
+    axes = fig.subplots(1, len(domains), squeeze=False)[0]
+    for ax, dom in zip(axes, domains):
+        for method, pts in series.items():
+            xy = sorted((t, ppl[dom]) for t, ppl in pts if dom in ppl)
+            if xy:
+                ax.plot(*zip(*xy), "o-", ms=4, label=method)
+        if dom in teacher:
+            ax.axhline(teacher[dom], color="k", ls="--", lw=1, label=f"teacher {teacher[dom]:.2f}")
+        ax.set_xscale("log")
+        ax.set_xlabel("calibration tokens")
+        ax.set_ylabel("zero-shot PPL")
+        ax.set_title(dom)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
 def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None = None, title: str = "") -> str | None:
     """Left: whole curves, log PPL. Right: linear zoom on the targets, each marked where a run first
     reaches it (a run that copy-init starts thousands of PPL above would flatten the targets otherwise)."""

@@ -36,7 +36,11 @@ class KLConfig:
     grad_clip: float = 1.0
     batch_size: int = 4  # training sequences per step
     eval_every: int = 5  # held-out KL every n steps (and at the last step)
-    patience: int | None = 4  # stop after this many held-out evaluations without a new best
+    # stop after this many held-out evaluations without a new best, and never before a tenth of the run
+    # (patience_frac): late in a long run the held-out KL still falls by ~0.001 per 50 steps, and four
+    # checks (20 steps) without a new best stopped a 1,200-step stage at step 595 of a steady descent
+    patience: int | None = 4
+    patience_frac: float = 0.1
     schedule: str = "cosine"
     warmup_steps: int = 0
     seed: int = 0
@@ -67,10 +71,18 @@ class KLConfig:
             raise TcalError("KL stage batch_size and eval_every must be >= 1")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
+        if not (isinstance(self.patience_frac, (int, float)) and 0 <= self.patience_frac <= 1):
+            raise TcalError(f"KL stage patience_frac must be a share of the run in [0, 1], got {self.patience_frac!r}")
         for name in ("attn_input_weight", "attn_map_weight", "attn_query_weight"):
             w = getattr(self, name)
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
                 raise TcalError(f"KL stage {name} must be a finite number >= 0, got {w!r}")
+
+    def stale_limit(self) -> int | None:
+        """Held-out evaluations without a new best that end the stage (None: it never stops early)."""
+        if self.patience is None:
+            return None
+        return max(self.patience, math.ceil(self.patience_frac * self.steps / self.eval_every))
 
 
 def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
@@ -183,6 +195,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     q_gaps: list[float] = []
     best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
     best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
+    stale_limit = cfg.stale_limit()
     curve, held_curve = [], [(0, before)]
     steps = range(1, cfg.steps + 1)
     bar = tqdm(steps, desc="KL stage", unit="step", leave=False) if progress else None
@@ -240,7 +253,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                         best, best_state, best_step, stale = held, [p.detach().clone() for p in params], step, 0
                     else:
                         stale += 1
-                        if cfg.patience is not None and stale >= cfg.patience:
+                        if stale_limit is not None and stale >= stale_limit:
                             break
                 if bar is not None:
                     bar.set_postfix(kl=f"{kl:.3f}", best=f"{best:.3f}")
