@@ -80,8 +80,8 @@ def job_sets() -> dict[str, list[dict]]:
     # 73 % converted at the GPU budget: taylor (300 KL steps) against phase2 on the same tokens
     ratio73 = [dict(keep="73", method="tes-kl", calib="mix", budget="256k", kl_steps=300),
                dict(keep="73", method="phase2", calib="mix", budget="256k")]
-    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "kl-1m": kl_1m, "long-window": long_window,
-            "long-window-4k": long_window4k, "ratio73": ratio73,
+    return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "kl-1m": kl_1m,
+            "long-window": long_window, "long-window-4k": long_window4k, "ratio73": ratio73,
             "mix": mix, "methods1": methods1, "curve": curve,
             "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
 

@@ -37,8 +37,8 @@ class KLConfig:
     batch_size: int = 4  # training sequences per step
     eval_every: int = 5  # held-out KL every n steps (and at the last step)
     # stop after this many held-out evaluations without a new best, and never before a tenth of the run
-    # (patience_frac): late in a long run the held-out KL still falls by ~0.001 per 50 steps, and four
-    # checks (20 steps) without a new best stopped a 1,200-step stage at step 595 of a steady descent
+    # (patience_frac): late in a long run the held-out KL still falls, slowly and with plateaus, and a fixed
+    # few checks cut a long stage off mid-descent (README, *Budget*)
     patience: int | None = 4
     patience_frac: float = 0.1
     schedule: str = "cosine"

@@ -72,9 +72,9 @@ class OutArgs:
 
 
 # The calibration text of every calibrated init unless --calib says otherwise: Wikipedia and Shakespeare in equal
-# shares. At the CPU reference budget it scored 9 % lower PPL than wiki:calib alone on sotu:eval (text neither
-# calibrates on) and 3 % higher on wiki:eval (bench/results/cpu-2026-12-03/calib-mix-ab/); neither part is in the
-# default training pool, and both are disjoint from every :eval split.
+# shares. It generalises better than wiki:calib alone to text neither calibrates on, for a little on wiki:eval
+# (README, *Calibration text*); neither part is in the default training pool, and both are disjoint from every
+# :eval split.
 DEFAULT_CALIB = "wiki:calib+shakespeare:calib"
 
 # Named calibration budgets: how many tokens Taylor-Calibrate reads and how Phase 2 steps over
@@ -87,9 +87,8 @@ CALIB_BUDGETS = {
                   # 300 KL steps: 2 % lower held-out PPL than 100 on each of three domains at 50 % converted,
                   # for 72 s more on an H200 (README, "Taylor-Calibrate that wins")
                   kl=dict(steps=300, batch_size=8)),
-    # 1M tokens with the KL stage's steps scaled to the data: 7-8 % lower held-out PPL than "large" on three
-    # domains at 50 % converted, for ~100 s more on an H200 (README); wiki:calib alone holds 835K tokens, too few,
-    # the default mixture more
+    # 1M tokens with the KL stage's steps scaled to the data: the best measured taylor, for a longer conversion
+    # than "large" (README, *Budget*); wiki:calib alone is too small for it, the default mixture is not
     "xl": dict(windows=2048, window=512,
                align=dict(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10),
                kl=dict(steps=1200, batch_size=8)),
