@@ -28,6 +28,15 @@ def _figure(figsize) -> Figure:
     return fig
 
 
+def _finish(fig: Figure, path, title: str = "", dpi: int = 110) -> str:
+    """The title over all panels, a tight layout, the image written; returns the path."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    return str(path)
+
+
 def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, title: str = "",
                teacher_probes: dict | None = None) -> str | None:
     """Eval PPL (log scale) and train loss against training tokens, and the probe scores (``--eval-passkey``)
@@ -63,11 +72,7 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
         c.set_ylabel("accuracy (dashed: teacher)")
         c.grid(True, alpha=0.3)
         c.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
+    return _finish(fig, path, title)
 
 
 def plot_calib_budget(series: dict, teacher: dict, path, *, title: str = "") -> str:
@@ -92,11 +97,7 @@ def plot_calib_budget(series: dict, teacher: dict, path, *, title: str = "") -> 
         ax.set_title(dom)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return str(path)
+    return _finish(fig, path, title)
 
 
 def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None = None, title: str = "") -> str | None:
@@ -132,11 +133,7 @@ def plot_recovery(curves: dict, teacher_ppl: float, path, *, table: dict | None 
                 zoom.plot([hit["tokens"] / 1e6], [row["ppl"]], marker="v", ms=7, color=colors[init], ls="none")
     zoom.set_title("zoom on the targets (first point at or below each target: \u25bc)", fontsize=10)
     zoom.legend(loc="lower left", bbox_to_anchor=(0.0, 0.08), fontsize=8)  # below the targets, above the teacher
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return str(path)
+    return _finish(fig, path, title, dpi=120)
 
 
 def plot_ablation(res: dict, path, baselines=()) -> None:
