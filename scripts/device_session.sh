@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b} and .whl).
 # Then device calls on one warm machine (it is given back 30 s after a call: call again at once):
-#   A: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage distill-speed   (~3 min)
-#   B: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage recover
+#   A: carry [".whl", ".dev/carry/a"]                command: bash scripts/device_session.sh stage distill-speed
+#   B: carry [".dev/carry/b", ".dev/carry/c"]        command: bash scripts/device_session.sh stage recover
+#      (the pool is whole once both a and c are unpacked; a sweep adds a folder of only the token files it reads,
+#      copied to $S/sweep first: .dev/sweep whole does not fit beside .dev/carry/b)
 #   C...: no carry                     command: bash scripts/device_session.sh recover   (until it prints "wrote")
 #   lm-eval on the device: carry [".whl-eval"] in a later call and run `stage` again before `quality`.
 # The 20M-token copy vs taylor run took calls B and C (about 19 device-minutes); check, speed and
@@ -62,7 +64,7 @@ for step in "$@"; do
       # a second stage call on the same machine finds the first call's carry still there: unpack it once
       [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
       [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
-      # the token pool travels in carry a, or (when a call's 64 MiB are short) in its own carry c
+      # the token pool travels in carry a (all shards but the last) and carry c (the last shard and the manifest)
       for c in a c; do
         [ -f $S/pool/manifest.json ] || for f in .dev/carry/$c/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
         [ -f .dev/carry/$c/pool/manifest.json ] && cp .dev/carry/$c/pool/manifest.json $S/pool/

