@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b} and .whl).
+# The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b,c} and .whl).
 # Then device calls on one warm machine (it is given back 30 s after a call: call again at once):
 #   A: carry [".whl", ".dev/carry/a"]                command: bash scripts/device_session.sh stage distill-speed
 #   B: carry [".dev/carry/b", ".dev/carry/c"]        command: bash scripts/device_session.sh stage recover
-#      (the pool is whole once both a and c are unpacked; a sweep adds a folder of only the token files it reads,
-#      copied to $S/sweep first: .dev/sweep whole does not fit beside .dev/carry/b)
-#   C...: no carry                     command: bash scripts/device_session.sh recover   (until it prints "wrote")
+#      (the pool is whole once both a and c are unpacked; a sweep call adds .dev/sw, a folder of only the token
+#      files its jobs read, since .dev/sweep whole does not fit beside .dev/carry/b)
+#   C...: no carry                                  command: bash scripts/device_session.sh recover (until it prints "wrote")
 #   lm-eval on the device: carry [".whl-eval"] in a later call and run `stage` again before `quality`.
 # The 20M-token copy vs taylor run took calls B and C (about 19 device-minutes); check, speed and
 # select-timing fit around it in a fresh session, not in the same one.
@@ -110,7 +110,8 @@ for step in "$@"; do
     sweep)
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
-      [ -d .dev/sweep ] && cp -r .dev/sweep $S/ 2>/dev/null
+      # .dev/sw: a folder of only the token files the jobs read, when .dev/sweep whole does not fit beside a carry
+      for d in .dev/sweep .dev/sw; do [ -d $d ] && mkdir -p $S/sweep && cp $d/*.npy $S/sweep/ 2>/dev/null; done
       # One worker by default: four processes sharing the GPU finished no 256K job in 10 minutes where one
       # alone finishes one in 4.3 (session 8; eight finished none in session 6). Time-slicing between CUDA
       # contexts costs these launch-bound fits more than it overlaps.

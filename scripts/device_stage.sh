@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack what the GPU machine needs (it reaches no registry or hub, and at most 64 MiB travel per call)
-# into two git-ignored carry folders of xz-compressed files:
+# into three git-ignored carry folders of xz-compressed files:
 #   .dev/carry/a   first half of the SmolLM2 GGUF (98 MB), the training token pool (tcal pool) but its last file
 #   .dev/carry/b   second half of the GGUF, the Wikipedia corpus JSON (wiki / wiki:calib / wiki:eval)
 #   .dev/carry/c   the pool's last file and its manifest (a whole pool in `a` with `.whl` and the working tree
