@@ -21,12 +21,14 @@
 #   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
 #   recover        bench/distill_device.sh: the resumable recovery run (RECOVER_TOKENS, RECOVER_MINUTES, INITS)
 #   recover50      the same at 50 % converted: copy, taylor-reference, taylor; mixed calibration; init weights kept
-#   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval)
+#   quality        bench/quality_suite.py on the teacher and recover50's models (PPL x 3 domains, niah, lm-eval); after distill-long,
+#                  DISTILL_FROM zero-shot and distilled
 #   smoke          bench/fsdp_smoke.py under torchrun with one process: the FSDP2 path on a mesh of one GPU
 #   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
 #   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
 #   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
-#   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS),
+#   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS,
+#                  DISTILL_EVAL_EVERY; CALL_S or DISTILL_MINUTES bound a call),
 #                  passkey at every curve point (DISTILL_PASSKEY lengths, 20 prompts each)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
@@ -48,6 +50,13 @@ need_teacher() {
 }
 
 unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
+
+# CALL_S (seconds, optional): this call's own limit, shorter than the device's 600. distill-long then trains for
+# what is left of it (DISTILL_MINUTES, when set, still caps it) and quality is skipped, with a line that says so,
+# when fewer than QUALITY_S seconds (default 150) are left: one call can run `distill-long quality` and stop
+# inside its limit whether the run finishes in it or not.
+T0=$(date +%s)
+left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
@@ -110,8 +119,8 @@ for step in "$@"; do
     sweep)
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
-      # .dev/sw: a folder of only the token files the jobs read, when .dev/sweep whole does not fit beside a carry
-      for d in .dev/sweep .dev/sw; do [ -d $d ] && mkdir -p $S/sweep && cp $d/*.npy $S/sweep/ 2>/dev/null; done
+      # .dev/sw, .dev/sn: folders of only the token files the jobs read, when .dev/sweep whole does not fit beside a carry
+      for d in .dev/sweep .dev/sw .dev/sn; do [ -d $d ] && mkdir -p $S/sweep && cp $d/*.npy $S/sweep/ 2>/dev/null; done
       # One worker by default: four processes sharing the GPU finished no 256K job in 10 minutes where one
       # alone finishes one in 4.3 (session 8; eight finished none in session 6). Time-slicing between CUDA
       # contexts costs these launch-bound fits more than it overlaps.
@@ -147,9 +156,16 @@ for step in "$@"; do
     quality)
       # every quality axis of the teacher and of recover50's models, zero-shot (-init) and trained
       # QUALITY_MODELS (name=path,...) replaces the default list; the teacher always comes first
+      [ "$(left)" -lt "${QUALITY_S:-150}" ] && { echo "quality: $(left) s left of CALL_S, skipped"; continue; }
       m=teacher=smollm2-135m
       [ -n "${QUALITY_MODELS:-}" ] && m=$m,$QUALITY_MODELS
-      [ -z "${QUALITY_MODELS:-}" ] && for i in copy taylor-reference phase2 taylor; do
+      # after distill-long (DISTILL_FROM): the hybrid zero-shot and, once its run has finished, distilled
+      if [ -z "${QUALITY_MODELS:-}" ] && [ -n "${DISTILL_FROM:-}" ]; then
+        m=$m,zero-shot=/tmp/tcal-runs/sweep/$DISTILL_FROM
+        DL=/tmp/tcal-runs/distill-long/$DISTILL_FROM
+        if [ -d $DL ] && [ ! -d $DL.partial ]; then m=$m,distilled=$DL; else echo "quality: $DL not finished, zero-shot only"; fi
+      fi
+      [ -z "${QUALITY_MODELS:-}${DISTILL_FROM:-}" ] && for i in copy taylor-reference phase2 taylor; do
         [ -d $R50/$i-init ] && m=$m,$i-init=$R50/$i-init
         [ -d $R50/$i ] && m=$m,$i=$R50/$i
       done
@@ -193,9 +209,19 @@ for step in "$@"; do
       H=/tmp/tcal-runs/sweep/$DISTILL_FROM
       D=/tmp/tcal-runs/distill-long/$DISTILL_FROM
       RESUME=; [ -d "$D.partial" ] && RESUME=--resume
+      [ -d "$D" ] && [ ! -d "$D.partial" ] && { echo "distill-long: $D is finished"; continue; }
+      # what --max-minutes does not bound: loading the teacher and the hybrid, the first evaluation (about 60 s
+      # with the passkey at three lengths), then the last checkpoint and evaluation (about 30 s)
+      MIN=${DISTILL_MINUTES:-4}
+      if [ -n "${CALL_S:-}" ]; then
+        MIN=$(python3 -c "import sys; print(round(min(float(sys.argv[1]) if sys.argv[2] else 1e9, (int(sys.argv[3]) - 100) / 60), 2))" \
+          "${DISTILL_MINUTES:-0}" "${DISTILL_MINUTES:-}" "$(left)")
+        python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1)" "$MIN" || { echo "distill-long: $(left) s left of CALL_S, too few to start"; continue; }
+      fi
+      echo "distill-long: --max-minutes $MIN"
       python3 -m tcal.cli distill "$H" --teacher smollm2-135m --data $S/pool --tokens "${DISTILL_TOKENS:-4000000}" \
         --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval wiki:eval \
-        --eval-window 512 --eval-windows 16 --eval-every 1000000 --max-minutes "${DISTILL_MINUTES:-4}" --out "$D" \
+        --eval-window 512 --eval-windows 16 --eval-every "${DISTILL_EVAL_EVERY:-1000000}" --max-minutes "$MIN" --out "$D" \
         --eval-passkey "${DISTILL_PASSKEY:-1024,2048,4096}" --eval-passkey-samples 20 \
         --no-progress $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -15
       for f in curve.csv report.json report.md; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/distill_long_$f"; done ;;
