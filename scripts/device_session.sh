@@ -199,9 +199,15 @@ for step in "$@"; do
     scan-speed)
       # the gated delta rule's state passed by a loop (compiled and not) or by a parallel scan, forward + backward at
       # the SmolLM2 head shape, 512 to 4,096 tokens: how long-sequence training should run where fla cannot train
+      # The compiled loop runs in a process of its own and last: in session 17 its compile at 4,096 tokens (64 chunks
+      # unrolled, forward and backward) outran a 120 s limit and took the eager rows of that process with it.
       for bt in 16,512 4,2048 1,4096 8,4096; do
-        timeout 120 python3 bench/gdn_ops.py --B ${bt%,*} --T ${bt#*,} --H 9 --D 64 --impls chunk,compile,scan \
-          --reps 10 --json "$OUT/scan_${bt/,/x}.json" | tail -4
+        timeout 90 python3 bench/gdn_ops.py --B ${bt%,*} --T ${bt#*,} --H 9 --D 64 --impls chunk,scan \
+          --reps 10 --json "$OUT/scan_${bt/,/x}.json" | tail -3
+      done
+      for bt in 16,512 4,2048 1,4096 8,4096; do
+        timeout 150 python3 bench/gdn_ops.py --B ${bt%,*} --T ${bt#*,} --H 9 --D 64 --impls compile \
+          --reps 10 --json "$OUT/scan_${bt/,/x}_compile.json" | tail -2
       done ;;
     distill-long)
       # distil a hybrid the sweep saved (DISTILL_FROM, a job name) on DISTILL_SEQ-token sequences of the pool: retrieval

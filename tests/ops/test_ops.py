@@ -145,6 +145,30 @@ def test_torch_only_keeps_auto_off_fla_with_and_without_gradients(monkeypatch):
     assert dispatch.resolve_backend("auto", cuda, 512) == "fla"
 
 
+def test_auto_trains_long_sequences_on_a_gpu_through_the_scan(monkeypatch):
+    import tcal.ops as ops
+    import tcal.ops.dispatch as dispatch
+
+    monkeypatch.delenv("TCAL_GDN_BACKEND", raising=False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    long = dispatch.SCAN_MIN_CHUNKS * 64
+    for fla, backward in ((None, True), ((object(), object()), False), ((object(), object()), True)):
+        monkeypatch.setattr(dispatch, "_fla_ops", lambda fla=fla: fla)
+        monkeypatch.setattr(dispatch, "fla_backward_ok", lambda backward=backward: backward)
+        fla_trains = fla is not None and backward
+        assert dispatch.resolve_backend("auto", cuda, long, needs_grad=True) == ("fla" if fla_trains else "scan")
+        assert dispatch.resolve_backend("auto", cuda, long - 64, needs_grad=True) == ("fla" if fla_trains else "chunk")
+        # the threshold counts chunks, not tokens
+        assert dispatch.resolve_backend("auto", cuda, long // 2, True, chunk_size=32) == ("fla" if fla_trains else "scan")
+        with ops.torch_only(True):  # calibration's fits on the PyTorch paths
+            assert dispatch.resolve_backend("auto", cuda, long, needs_grad=True) == "scan"
+        assert dispatch.resolve_backend("auto", cuda, long) == ("fla" if fla else "chunk")  # inference
+        assert dispatch.resolve_backend("auto", cpu, long, needs_grad=True) == "chunk"  # CPU: the loop
+        monkeypatch.setenv("TCAL_GDN_BACKEND", "chunk")
+        assert dispatch.resolve_backend("auto", cuda, long, needs_grad=True) == "chunk"  # the variable still wins
+        monkeypatch.delenv("TCAL_GDN_BACKEND")
+
+
 def test_compiled_chunk_path_matches_eager_with_grads(monkeypatch, caplog):
     # tcal.ops.compile_training / TCAL_GDN_COMPILE: the torch.compile'd chunked path that trains on GPUs
     # without fla's backward must give the eager path's outputs and gradients.
