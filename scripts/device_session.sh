@@ -216,8 +216,8 @@ for step in "$@"; do
       D=/tmp/tcal-runs/distill-long/$DISTILL_FROM
       RESUME=; [ -d "$D.partial" ] && RESUME=--resume
       [ -d "$D" ] && [ ! -d "$D.partial" ] && { echo "distill-long: $D is finished"; continue; }
-      # what --max-minutes does not bound: loading the teacher and the hybrid, the first evaluation (about 60 s
-      # with the passkey at three lengths), then the last checkpoint and evaluation (about 30 s)
+      # 100 s of CALL_S are kept for what --max-minutes may not bound: starting the process, the last checkpoint
+      # and evaluation, copying the curve
       MIN=${DISTILL_MINUTES:-4}
       if [ -n "${CALL_S:-}" ]; then
         MIN=$(python3 -c "import sys; print(round(min(float(sys.argv[1]) if sys.argv[2] else 1e9, (int(sys.argv[3]) - 100) / 60), 2))" \
