@@ -33,6 +33,13 @@ def test_command_table_maps_to_recipes():
     assert (ns.command, ns.positional, ns.windows) == ("eval", "some/dir", 3)
 
 
+def test_every_command_with_progress_bars_can_turn_them_off():
+    # stats measures a few windows and shows no bar; every other command has long work behind a bar
+    for cmd in set(COMMANDS) - {"stats"}:
+        assert build_parser().parse_args([cmd, "--no-progress"]).progress is False, cmd
+        assert build_parser().parse_args([cmd]).progress is True, cmd
+
+
 def test_help_does_not_import_torch():
     code = ("import sys\nfrom tcal.cli import build_parser\nbuild_parser().format_help()\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]\n")

@@ -22,6 +22,7 @@ class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceAr
     out: str = arg("runs/convert", "output directory (written atomically)")
     dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
     seed: int = arg(0, "seed for the random parts of the initialisation")
+    progress: bool = arg(True, "progress bars (calibration's fits)")
 
 
 def run(cfg: ConvertConfig) -> Path:
@@ -74,7 +75,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     budget, windows, window, align, kl = cfg.budget(device)
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
-        calib_window=window, calib_windows=windows, progress=world.is_main(),
+        calib_window=window, calib_windows=windows, progress=cfg.progress and world.is_main(),
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
         **({"align": AlignConfig(**align)} if spec.calibrated else {}),
         **({"kl": KLConfig(**kl)} if spec.kl else {}),

@@ -13,6 +13,7 @@ class PoolConfig(TeacherArgs, OutArgs):
                        "comma-separated sources (built-in names, NAME:calib splits, dir:PATH); never evaluation text")
     max_tokens: int | None = arg(None, "stop after this many tokens")
     max_file_mb: float = arg(60.0, "largest part file in MiB (the GPU machine takes 64 MiB per call)")
+    progress: bool = arg(True, "progress bars (one per source)")
 
 
 def run(cfg: PoolConfig) -> dict:
@@ -33,6 +34,7 @@ def run(cfg: PoolConfig) -> dict:
     if not cfg.max_file_mb > 0:
         raise TcalError(f"--max-file-mb must be positive, got {cfg.max_file_mb}")
     _, tokenizer = load_teacher(cfg.teacher)
-    manifest = build_pool(tokenizer, out, sources=sources, max_tokens=cfg.max_tokens, max_file_mb=cfg.max_file_mb)
+    manifest = build_pool(tokenizer, out, sources=sources, max_tokens=cfg.max_tokens, max_file_mb=cfg.max_file_mb,
+                          progress=cfg.progress)
     print(f"wrote {cfg.out}: {manifest['total_tokens']:,} tokens; files: {', '.join(written_files(out))}")
     return manifest
