@@ -220,9 +220,9 @@ for step in "$@"; do
       # and evaluation, copying the curve
       MIN=${DISTILL_MINUTES:-4}
       if [ -n "${CALL_S:-}" ]; then
-        MIN=$(python3 -c "import sys; print(round(min(float(sys.argv[1]) if sys.argv[2] else 1e9, (int(sys.argv[3]) - 100) / 60), 2))" \
-          "${DISTILL_MINUTES:-0}" "${DISTILL_MINUTES:-}" "$(left)")
-        python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1)" "$MIN" || { echo "distill-long: $(left) s left of CALL_S, too few to start"; continue; }
+        MIN=$(python3 -c "import os, sys; m = min(float(os.environ.get('DISTILL_MINUTES') or 1e9), (int(sys.argv[1]) - 100) / 60)
+sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
+          || { echo "distill-long: $(left) s left of CALL_S, too few to start"; continue; }
       fi
       echo "distill-long: --max-minutes $MIN"
       python3 -m tcal.cli distill "$H" --teacher smollm2-135m --data $S/pool --tokens "${DISTILL_TOKENS:-4000000}" \
