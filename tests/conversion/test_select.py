@@ -186,7 +186,7 @@ def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
     assert select_layers(teacher, "niah:2", tokenizer=tok, cfg=cfg, progress=False).cached
     # the scored prompts are the selection's own (seed 1), not the evaluation's (seed 0), and end in the answer
     ((ids, n), _) = answer_prompts(tok, cfg)
-    evaluation = make_samples("single", tok, 96, 2, seed=0, documents=[text])
+    evaluation = make_samples("single", tok, 96, 2, seed=0, documents=[text], max_new_tokens=12)
     assert tok.decode(ids[0, :-n]) != tok.decode(tok(evaluation[0].prompt)["input_ids"])
     assert n >= 2 and ids.shape[1] <= 96 + n
     # the default length (2,048) on a teacher of 128 positions: scored on prompts that fit, said in the protocol

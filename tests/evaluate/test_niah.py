@@ -46,6 +46,35 @@ def test_prompts_fit_the_length_hold_the_answers_and_repeat_for_a_seed(tok, task
         assert all(ans in s.prompt for ans in s.answers)
 
 
+def test_the_answer_gets_rulers_room_and_a_smaller_room_a_longer_haystack(tok):
+    # RULER's tokens_to_generate: niah 128, variable tracking 30, common words 120
+    rooms = {t: make_samples(t, tok, 600, 1, documents=[TEXT])[0].max_new_tokens for t in ("single", "vt", "cwe")}
+    assert rooms == {"single": 128, "vt": 30, "cwe": 120}
+    (wide,), (tight,) = (make_samples("single", tok, 600, 1, documents=[TEXT], max_new_tokens=m) for m in (None, 12))
+    n = [len(tok(s.prompt, add_special_tokens=False)["input_ids"]) for s in (wide, tight)]
+    assert tight.max_new_tokens == 12 and n[1] - n[0] > 100 and n[1] + 12 <= 600
+    assert tight.answers == wide.answers  # the same needle, in more text
+    with pytest.raises(TcalError, match="max_new_tokens must be at least 1"):
+        make_samples("single", tok, 600, 1, documents=[TEXT], max_new_tokens=0)
+
+
+def test_a_row_stops_once_it_holds_its_answers_and_no_other_row_changes(tok):
+    """The early stop must not change a score: a stopped row is a prefix of its full greedy output that already
+    holds every answer, and the rows that do not stop come out exactly as without it."""
+    from tcal.evaluate.niah import generate_greedy
+
+    torch.manual_seed(0)
+    model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
+    prompts = ["The committee met in the spring .", "A vote was taken on the budget . Work began"]
+    full = generate_greedy(model, tok, prompts, 40, batch_size=2)
+    words = full[0].split()
+    target = next(w for w in words[5:] if w not in words[:5])  # first appears a few tokens in
+    stopped = generate_greedy(model, tok, prompts, 40, batch_size=2, answers=[[target], ["not-in-the-vocabulary"]])
+    assert score(stopped[0], [target]) == 1.0 and full[0].startswith(stopped[0]) and len(stopped[0]) < len(full[0])
+    assert stopped[0].split()[-1] == target  # stopped at the token that completed the answer
+    assert stopped[1] == full[1]
+
+
 def test_needle_depth_is_where_the_needle_sits(tok):
     first, last = make_samples("single", tok, 600, 2, documents=[TEXT])
     for s, lo, hi in ((first, 0.0, 0.15), (last, 0.85, 1.0)):
@@ -80,9 +109,9 @@ def test_bad_input_is_a_tcal_error(tok):
 
 def test_niah_runs_a_model_and_returns_accuracy_by_length(tok):
     model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
-    res = niah(model, tok, [128, 256], samples=2, task="single-noise", batch_size=2)
-    assert list(res) == [128, 256] and all(0.0 <= v <= 1.0 for v in res.values())
-    rows = niah_details(model, tok, task="single", length=128, samples=3, haystack="text:" + TEXT)
+    res = niah(model, tok, [256, 384], samples=2, task="single-noise", batch_size=2)
+    assert list(res) == [256, 384] and all(0.0 <= v <= 1.0 for v in res.values())
+    rows = niah_details(model, tok, task="single", length=256, samples=3, haystack="text:" + TEXT)
     assert [r["depth"] for r in rows] == [0.0, 0.5, 1.0] and all(isinstance(r["output"], str) for r in rows)
 
 
@@ -93,13 +122,14 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     (tmp_path / "hay.txt").write_text(TEXT)
-    argv = ["eval", tmp_path / "m", "--task", "single,single-noise", "--lengths", "128,256", "--samples", "2",
+    argv = ["eval", tmp_path / "m", "--task", "single,single-noise", "--lengths", "256,384", "--samples", "2",
             "--haystack", tmp_path / "hay.txt", "--out", tmp_path / "niah", "--device", "cpu"]
     assert main([str(a) for a in argv]) == 0
     out = tmp_path / "niah"
     data = json.loads((out / "niah.json").read_text())
-    assert [(c["task"], c["length"]) for c in data["cells"]] == [("single", 128), ("single", 256),
-                                                                  ("single-noise", 128), ("single-noise", 256)]
+    assert [(c["task"], c["length"]) for c in data["cells"]] == [("single", 256), ("single", 384),
+                                                                  ("single-noise", 256), ("single-noise", 384)]
+    assert {c["max_new_tokens"] for c in data["cells"]} == {128}
     md = (out / "niah.md").read_text()
     assert "| single-noise |" in md and (out / "niah.png").stat().st_size > 1000
     for c in data["cells"]:  # the stored interval is the one the table prints, around the cell's accuracy
@@ -119,8 +149,10 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     monkeypatch.setattr(niah_module, "niah_details", lambda *a, **k: calls.append(k) or real(*a, **k))
     argv[-3] = tmp_path / "again"
     assert main([str(a) for a in argv]) == 0
-    assert [(k["task"], k["length"]) for k in calls] == [("single-noise", 256)]
+    assert [(k["task"], k["length"]) for k in calls] == [("single-noise", 384)]
     capsys.readouterr()
+    assert main([str(a) for a in argv] + ["--max-new-tokens", "0", "--out", str(tmp_path / "y")]) == 2
+    assert "--max-new-tokens must be at least 1" in capsys.readouterr().err
     assert main([str(a) for a in argv[:2]] + ["--task", "needle", "--out", str(tmp_path / "x")]) == 2
     assert "unknown --task 'needle'" in capsys.readouterr().err
 
@@ -147,10 +179,10 @@ def test_retrieval_probes_score_what_niah_scores(tok, monkeypatch):
 
     monkeypatch.setattr(niah_module, "generate_greedy", half_right)
     model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
-    probes = retrieval_probes(tok, [128, 256], 4, haystack="text:" + TEXT)
-    assert list(probes) == ["single@128", "single@256"]
-    assert {n: p(model) for n, p in probes.items()} == {"single@128": 0.5, "single@256": 0.5}
-    assert niah(model, tok, [128, 256], samples=4, haystack="text:" + TEXT) == {128: 0.5, 256: 0.5}
+    probes = retrieval_probes(tok, [256, 384], 4, haystack="text:" + TEXT)
+    assert list(probes) == ["single@256", "single@384"]
+    assert {n: p(model) for n, p in probes.items()} == {"single@256": 0.5, "single@384": 0.5}
+    assert niah(model, tok, [256, 384], samples=4, haystack="text:" + TEXT) == {256: 0.5, 384: 0.5}
     with pytest.raises(TcalError, match="tokenizer"):
         retrieval_probes(None, [128], 2)
     with pytest.raises(TcalError, match="samples"):

@@ -152,18 +152,18 @@ def test_eval_passkey_scores_every_curve_point_and_survives_a_pause(assets, tmp_
     shutil.copytree(assets / "hybrid", hybrid)
     word_tokenizer(sorted(set(HAY.split()))).save_pretrained(hybrid)
     (tmp_path / "hay.txt").write_text(HAY)
-    over = dict(hybrid=str(hybrid), eval_passkey="128,256", eval_passkey_samples=2,
+    over = dict(hybrid=str(hybrid), eval_passkey="256,384", eval_passkey_samples=2,
                 eval_passkey_haystack=str(tmp_path / "hay.txt"), tokens=16 * TPS, eval_every=8 * TPS)
     out = tmp_path / "run"
     rep = run(make_cfg(assets, out, stop_after_tokens=8 * TPS, **over))
     assert rep["status"] == "paused"
     rep = run(make_cfg(assets, out, resume=True, **over))
-    assert rep["status"] == "done" and set(rep["teacher_probes"]) == {"single@128", "single@256"}
+    assert rep["status"] == "done" and set(rep["teacher_probes"]) == {"single@256", "single@384"}
     rows = read_curve(out / "curve.csv")
     assert [r["step"] for r in rows] == [0, 8, 16]
-    assert all(0.0 <= r[n] <= 1.0 for r in rows for n in ("single@128", "single@256"))
+    assert all(0.0 <= r[n] <= 1.0 for r in rows for n in ("single@256", "single@384"))
     md = (out / "report.md").read_text()
-    assert "| training tokens | single@128 | single@256 |" in md and "| teacher |" in md
+    assert "| training tokens | single@256 | single@384 |" in md and "| teacher |" in md
     assert (out / "curve.png").stat().st_size > 1000 and (out / "tokenizer.json").is_file()
 
 

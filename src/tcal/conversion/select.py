@@ -64,7 +64,10 @@ def answer_prompts(tokenizer, cfg: SelectionConfig) -> list[tuple[torch.Tensor, 
     """Single-needle prompts with their answer appended: (token ids (1, T), answer tokens at the end)."""
     docs = as_corpus(cfg.niah_haystack).documents
     prompts = []
-    for s in make_samples("single", tokenizer, cfg.niah_length, cfg.niah_samples, seed=cfg.niah_seed, documents=docs):
+    # sized with 12 tokens of room (": " + 7 digits + "."), as when the niah:K layer sets in the README were picked;
+    # the evaluation's 128 would shorten every haystack and change the picks
+    for s in make_samples("single", tokenizer, cfg.niah_length, cfg.niah_samples, seed=cfg.niah_seed, documents=docs,
+                          max_new_tokens=12):
         prompt = tokenizer(s.prompt, add_special_tokens=False)["input_ids"]
         answer = tokenizer(": " + s.answers[0] + ".", add_special_tokens=False)["input_ids"]
         prompts.append((torch.tensor([prompt + answer]), len(answer)))

@@ -13,10 +13,11 @@ Tasks (the templates and scoring follow RULER, Hsieh et al. 2024):
     cwe               common-word extraction: the 10 most frequent words of a list
 
 Scoring: the fraction of the expected answers that occur (case-insensitive substring) in the
-greedy output, averaged over the samples (RULER's ``string_match_all``). Prompts are built to the
-requested number of tokens (prompt + answer prefix) by the model's own tokenizer, needles are
-spread over depths 0..1, and every random choice comes from ``seed``: the teacher and any hybrid
-of it see the very same prompts.
+greedy output, averaged over the samples (RULER's ``string_match_all``). The output has RULER's
+room (``GEN_TOKENS``: 128 tokens for the needle tasks) and a row stops early once it holds all its
+answers, which no later token can change. Prompts are built to the requested number of tokens
+(prompt + that room) by the model's own tokenizer, needles are spread over depths 0..1, and every
+random choice comes from ``seed``: the teacher and any hybrid of it see the very same prompts.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from tcal.data.corpora import as_corpus
 from tcal.utils.errors import TcalError
@@ -52,8 +54,10 @@ WORDS = ("apple river candle planet garden mirror silver thunder basket lantern 
          "tunnel violin walnut anchor blanket cactus dolphin feather glacier harbor island jigsaw kettle lemon "
          "marble needle orchid parrot quartz ribbon spider tiger umbrella velvet window yacht zebra bridge "
          "castle desert engine forest guitar helmet jacket kitten ladder magnet nectar oyster pepper").split()
-# what the output needs room for: tokens per answer, times the number of answers
-ANSWER_TOKENS = {"numbers": 12, "words": 8, "uuids": 40}
+# RULER's tokens_to_generate per task kind. A tighter budget scores the answer's style, not the retrieval: a
+# model that opens with a list or a sentence ("the following: 1. The special magic number for ...") is cut off
+# before the value.
+GEN_TOKENS = {"niah": 128, "vt": 30, "cwe": 120}
 
 
 @dataclass(frozen=True)
@@ -149,8 +153,8 @@ def _insert(hay: list[str], needles: list[tuple[float, str]]) -> str:
     return " ".join(hay)
 
 
-def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tuple[str, list[str], int]:
-    """(prompt, answers, answer tokens) for one sample whose haystack is ``hay``."""
+def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tuple[str, list[str]]:
+    """(prompt, answers) for one sample whose haystack is ``hay``."""
     kind = task.values
     if task.kind == "vt":
         value, names = str(rng.randint(10_000, 99_999)), ["".join(rng.choices(string.ascii_uppercase, k=5))
@@ -159,7 +163,7 @@ def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tupl
         depths = sorted(rng.random() for _ in chain)
         depths[0] = depth
         context = _insert(hay, list(zip(sorted(depths), chain)))
-        return VT_PROMPT.format(context=context, value=value, n=len(names)), names, 8 * len(names)
+        return VT_PROMPT.format(context=context, value=value, n=len(names)), names
     if task.kind == "cwe":
         common = rng.sample(WORDS, 10)
         rare = [w for w in WORDS if w not in common]
@@ -168,7 +172,7 @@ def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tupl
         items = [w for w in common for _ in range(reps)] + [rng.choice(rare) for _ in range(len(hay))]
         rng.shuffle(items)
         context = "\n".join(f"{i + 1}. {w}" for i, w in enumerate(items))
-        return CWE_PROMPT.format(context=context), common, 40
+        return CWE_PROMPT.format(context=context), common
     keys = [_key(rng) for _ in range(task.keys)]
     values = {k: [_value(rng, task.values) for _ in range(task.values_per_key)] for k in keys}
     needles, queried = [], keys[: task.queries]
@@ -178,16 +182,20 @@ def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tupl
     query = ", ".join(queried[:-1]) + (" and " if len(queried) > 1 else "") + queried[-1]
     answers = [v for k in queried for v in values[k]]
     prompt = PROMPT.format(kind=kind, context=_insert(hay, needles), query=query)
-    return prompt, answers, ANSWER_TOKENS[task.values] * len(answers)
+    return prompt, answers
 
 
 def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: int = 0,
-                 documents: Sequence[str] = ()) -> list[Sample]:
-    """``samples`` prompts of at most ``length`` tokens each (prompt + answer), needles at depths
-    spread evenly over 0..1. The haystack is sized by bisection on the tokenised prompt."""
+                 documents: Sequence[str] = (), max_new_tokens: int | None = None) -> list[Sample]:
+    """``samples`` prompts of at most ``length`` tokens each (prompt + ``max_new_tokens``, by default
+    RULER's ``GEN_TOKENS`` for the task), needles at depths spread evenly over 0..1. The haystack is
+    sized by bisection on the tokenised prompt."""
     task = get_task(task_name)
     if samples < 1:
         raise TcalError(f"samples must be at least 1, got {samples}")
+    new = GEN_TOKENS[task.kind] if max_new_tokens is None else int(max_new_tokens)
+    if new < 1:
+        raise TcalError(f"max_new_tokens must be at least 1, got {new}")
     units = haystack_units(task, documents)
     out = []
     for i in range(samples):
@@ -199,8 +207,7 @@ def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: 
             return _build(task, rng, depth, _fill(units, n, offset))
 
         def size(n):
-            prompt, _, new = build(n)
-            return len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) + new
+            return len(tokenizer(build(n)[0], add_special_tokens=False)["input_ids"]) + new
 
         lo, hi = 0, 1
         while size(hi) <= length:
@@ -212,16 +219,32 @@ def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: 
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if size(mid) <= length else (lo, mid)
         if lo == 0 and size(0) > length:
-            raise TcalError(f"length {length} is too short for the {task_name} prompt itself; use longer --lengths")
-        prompt, answers, new = build(lo)
+            raise TcalError(f"length {length} is too short for the {task_name} prompt and its {new}-token answer room; "
+                            "use longer --lengths or a smaller --max-new-tokens")
+        prompt, answers = build(lo)
         out.append(Sample(prompt, answers, depth, new))
     return out
 
 
+class AnswersFound(StoppingCriteria):
+    """Stops a row of a batch once its output holds every answer it is scored on: ``score`` is a substring
+    test, so no later token can change the row's score, and most rows of a model that retrieves stop after
+    the value instead of running out RULER's 128 tokens."""
+
+    def __init__(self, tokenizer, start: int, answers: Sequence[Sequence[str]]):
+        self.tokenizer, self.start, self.answers = tokenizer, start, answers
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.start:], skip_special_tokens=True)
+        return torch.tensor([score(t, a) == 1.0 for t, a in zip(texts, self.answers)], device=input_ids.device)
+
+
 @torch.no_grad()
 def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 4,
-                    progress: bool = False, desc: str = "generate") -> list[str]:
-    """Greedy continuations of ``prompts``, batched with left padding and a cache."""
+                    progress: bool = False, desc: str = "generate",
+                    answers: Sequence[Sequence[str]] | None = None) -> list[str]:
+    """Greedy continuations of ``prompts``, batched with left padding and a cache; with ``answers`` (one list
+    per prompt) a row stops once its continuation holds all of them (``AnswersFound``)."""
     device = model_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     outs = []
@@ -236,8 +259,10 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
             for r, e in enumerate(enc):
                 ids[r, width - len(e):] = torch.tensor(e)
                 mask[r, width - len(e):] = 1
+            stop = None if answers is None else StoppingCriteriaList(
+                [AnswersFound(tokenizer, width, answers[s:s + batch_size])])
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad)
+                                 max_new_tokens=max_new_tokens, pad_token_id=pad, stopping_criteria=stop)
             outs += tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
     finally:
         model.train(was_training)
@@ -264,34 +289,38 @@ def haystack_documents(task: str, haystack) -> Sequence[str]:
 
 def answer(model, tokenizer, items: Sequence[Sample], *, batch_size: int = 4, progress: bool = False,
            desc: str = "generate") -> list[str]:
-    """The greedy outputs for ``items``, each with room for its sample's answers."""
+    """The greedy outputs for ``items``, each with its sample's room, stopped once it holds its answers."""
     return generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
-                           batch_size=batch_size, progress=progress, desc=desc)
+                           batch_size=batch_size, progress=progress, desc=desc, answers=[s.answers for s in items])
 
 
 def niah_details(model, tokenizer, *, task: str = "single", length: int, samples: int, seed: int = 0,
-                 haystack="sotu:eval", batch_size: int = 4, progress: bool = False) -> list[dict]:
+                 haystack="sotu:eval", batch_size: int = 4, progress: bool = False,
+                 max_new_tokens: int | None = None) -> list[dict]:
     """Every sample of one (task, length): depth, expected answers, output, score."""
     check_lengths(model, [length])
-    items = make_samples(task, tokenizer, length, samples, seed=seed, documents=haystack_documents(task, haystack))
+    items = make_samples(task, tokenizer, length, samples, seed=seed, documents=haystack_documents(task, haystack),
+                         max_new_tokens=max_new_tokens)
     outputs = answer(model, tokenizer, items, batch_size=batch_size, progress=progress, desc=f"{task} @ {length}")
     return [{"depth": s.depth, "answers": s.answers, "output": o, "score": score(o, s.answers)}
             for s, o in zip(items, outputs)]
 
 
 def niah_cell(model, tokenizer, *, task: str, length: int, samples: int, seed: int = 0, haystack="sotu:eval",
-              batch_size: int = 4, progress: bool = False) -> dict:
+              batch_size: int = 4, progress: bool = False, max_new_tokens: int | None = None) -> dict:
     """One (task, length) cell as the retrieval reports store it: accuracy, wall time, every sample."""
     t0 = time.perf_counter()
     rows = niah_details(model, tokenizer, task=task, length=length, samples=samples, seed=seed, haystack=haystack,
-                        batch_size=batch_size, progress=progress)
+                        batch_size=batch_size, progress=progress, max_new_tokens=max_new_tokens)
     scores = [r["score"] for r in rows]
-    return {"task": task, "length": length, "accuracy": sum(scores) / len(rows),
+    room = GEN_TOKENS[get_task(task).kind] if max_new_tokens is None else max_new_tokens
+    return {"task": task, "length": length, "max_new_tokens": room, "accuracy": sum(scores) / len(rows),
             "interval": list(accuracy_interval(scores)), "seconds": time.perf_counter() - t0, "samples": rows}
 
 
 def retrieval_probes(tokenizer, lengths: Sequence[int], samples: int, *, task: str = "single", seed: int = 0,
-                     haystack="sotu:eval", batch_size: int = 4) -> dict[str, Callable[[torch.nn.Module], float]]:
+                     haystack="sotu:eval", batch_size: int = 4,
+                     max_new_tokens: int | None = None) -> dict[str, Callable[[torch.nn.Module], float]]:
     """``{"<task>@<length>": model -> accuracy}``: the prompts built once, scored on any model of this
     tokenizer (a training curve scores the same prompts at every point; ``niah`` gives the same numbers)."""
     if tokenizer is None:
@@ -306,17 +335,20 @@ def retrieval_probes(tokenizer, lengths: Sequence[int], samples: int, *, task: s
             return sum(score(o, s.answers) for s, o in zip(items, outs)) / len(items)
         return accuracy
 
-    return {f"{task}@{n}": probe(make_samples(task, tokenizer, int(n), samples, seed=seed, documents=docs))
+    return {f"{task}@{n}": probe(make_samples(task, tokenizer, int(n), samples, seed=seed, documents=docs,
+                                              max_new_tokens=max_new_tokens))
             for n in lengths}
 
 
 def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int = 0, task: str = "single", *,
-         haystack="sotu:eval", batch_size: int = 4, progress: bool = False) -> dict[int, float]:
+         haystack="sotu:eval", batch_size: int = 4, progress: bool = False,
+         max_new_tokens: int | None = None) -> dict[int, float]:
     """Accuracy of ``task`` at each context length: ``{length: mean score over samples}``.
 
     ``haystack``: the real text the needles hide in (default ``sotu:eval``, held-out State of the
     Union addresses; any corpus spec). The same seed gives the same prompts for any model with the
-    same tokenizer.
+    same tokenizer. ``max_new_tokens``: the answer's room (default RULER's, ``GEN_TOKENS``); the
+    prompt shrinks by it, so a different room gives different prompts.
     """
     if tokenizer is None:
         raise TcalError("retrieval tasks read and write text: pass the model's tokenizer")
@@ -326,5 +358,5 @@ def niah(model, tokenizer, lengths: Sequence[int], samples: int = 8, seed: int =
     result = {}
     for n in tqdm(check_lengths(model, lengths), desc=f"niah {task}", disable=not progress, unit="length"):
         result[n] = niah_cell(model, tokenizer, task=task, length=n, samples=samples, seed=seed, haystack=haystack,
-                              batch_size=batch_size)["accuracy"]
+                              batch_size=batch_size, max_new_tokens=max_new_tokens)["accuracy"]
     return result

@@ -38,6 +38,8 @@ class EvalConfig(DeviceArgs, OutArgs):
     seed: int = arg(0, "retrieval and local lm-eval tasks: seed of every random choice in the prompts")
     haystack: str = arg("sotu:eval", "retrieval: real text the needles hide in (used for nothing else)")
     batch_size: int = arg(4, "retrieval and lm-eval: prompts run together")
+    max_new_tokens: int | None = arg(None, "retrieval: the answer's room in tokens (default RULER's: 128 for the "
+                                           "needle tasks, 30 for vt, 120 for cwe); prompts shrink by it")
     lm_eval: str = arg("", "lm-evaluation-harness tasks instead of --task, comma-separated: the offline local "
                            "tasks " + ", ".join(LOCAL_HARNESS_TASKS) + " or any harness task name (hub "
                            "datasets need network); needs pip install 'tcal[eval]'")
@@ -100,12 +102,14 @@ def run_retrieval(cfg: EvalConfig) -> dict:
         raise TcalError(f"--samples must be at least 1, got {cfg.samples}")
     if cfg.batch_size < 1:
         raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise TcalError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
     as_corpus(cfg.haystack)
     model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
     if tokenizer is None:
         raise TcalError(f"{cfg.model} has no tokenizer; retrieval reads and writes text: save one with the model")
     lengths = check_lengths(model, lengths)
-    settings = {k: getattr(cfg, k) for k in ("model", "lengths", "samples", "seed", "haystack")}
+    settings = {k: getattr(cfg, k) for k in ("model", "lengths", "samples", "seed", "haystack", "max_new_tokens")}
     partial, state_file, state = _resume(out, "niah.json", settings, "cells")
     for task in tasks:
         for n in lengths:
@@ -113,7 +117,8 @@ def run_retrieval(cfg: EvalConfig) -> dict:
             if key in state["cells"]:
                 continue
             state["cells"][key] = niah_cell(model, tokenizer, task=task, length=n, samples=cfg.samples, seed=cfg.seed,
-                                            haystack=cfg.haystack, batch_size=cfg.batch_size, progress=cfg.progress)
+                                            haystack=cfg.haystack, batch_size=cfg.batch_size, progress=cfg.progress,
+                                            max_new_tokens=cfg.max_new_tokens)
             write_json(state_file, state)
             print(f"{task} @ {n} tokens: {state['cells'][key]['accuracy']:.2f} "
                   f"({state['cells'][key]['seconds']:.0f} s)", flush=True)
@@ -139,9 +144,11 @@ def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
     acc = {(c["task"], c["length"]): (c["accuracy"], accuracy_interval([s["score"] for s in c["samples"]]))
            for c in cells}
     secs = sum(c["seconds"] for c in cells)
+    room = ", ".join(f"{t} {r}" for t, r in dict((c["task"], c.get("max_new_tokens", "?")) for c in cells).items())
     lines = [f"# Retrieval: {cfg.model}", "",
              f"- {cfg.samples} prompts per task and length, needle depths spread over 0..1, seed {cfg.seed}; "
              f"greedy decoding; score = fraction of expected answers found in the output (RULER string_match_all)",
+             f"- room for the answer, in new tokens (a row stops once it holds all its answers): {room}",
              f"- haystack (real-text tasks): `{cfg.haystack}`, used for no calibration or training",
              f"- in brackets: the 95 % interval (Wilson) over the {cfg.samples} prompts; read a difference "
              "between cells, or against a target, against these widths",
