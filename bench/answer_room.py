@@ -34,7 +34,7 @@ def main() -> None:
     from transformers import StoppingCriteriaList
 
     from tcal.data.teachers import load_teacher
-    from tcal.evaluate.niah import AnswersFound, haystack_documents, make_samples, score
+    from tcal.evaluate.niah import AnswersFound, haystack_documents, left_padded, make_samples, score
     from tcal.utils.runtime import model_device
 
     out = Path(args.out)
@@ -52,16 +52,13 @@ def main() -> None:
             cell = []
             for s in range(0, len(items), args.batch_size):
                 batch = items[s:s + args.batch_size]
-                enc = [tok(i.prompt, add_special_tokens=False)["input_ids"] for i in batch]
-                width = max(len(e) for e in enc)
-                ids = torch.full((len(enc), width), pad, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for r, e in enumerate(enc):
-                    ids[r, width - len(e):], mask[r, width - len(e):] = torch.tensor(e), 1
+                ids, mask = left_padded(tok, [i.prompt for i in batch], pad)
+                width = ids.shape[1]
                 stop = StoppingCriteriaList([AnswersFound(tok, width, [i.answers for i in batch])])
+                dev = model_device(model)
                 with torch.no_grad():
-                    gen = model.generate(input_ids=ids.to(model_device(model)), attention_mask=mask.to(model_device(model)),
-                                         do_sample=False, max_new_tokens=args.long, pad_token_id=pad,
+                    gen = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
+                                         max_new_tokens=args.long, pad_token_id=pad,
                                          stopping_criteria=stop)[:, width:].cpu()
                 for i, g in zip(batch, gen):
                     short = tok.decode(g[:args.short], skip_special_tokens=True)

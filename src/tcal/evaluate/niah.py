@@ -239,6 +239,18 @@ class AnswersFound(StoppingCriteria):
         return torch.tensor([score(t, a) == 1.0 for t, a in zip(texts, self.answers)], device=input_ids.device)
 
 
+def left_padded(tokenizer, prompts: Sequence[str], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (B, T): ``prompts`` tokenised and padded on the left to the longest."""
+    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    width = max(len(e) for e in enc)
+    ids = torch.full((len(enc), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for r, e in enumerate(enc):
+        ids[r, width - len(e):] = torch.tensor(e)
+        mask[r, width - len(e):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 4,
                     progress: bool = False, desc: str = "generate",
@@ -252,13 +264,8 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     model.eval()
     try:
         for s in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch", leave=False):
-            enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[s:s + batch_size]]
-            width = max(len(e) for e in enc)
-            ids = torch.full((len(enc), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(enc), width), dtype=torch.long)
-            for r, e in enumerate(enc):
-                ids[r, width - len(e):] = torch.tensor(e)
-                mask[r, width - len(e):] = 1
+            ids, mask = left_padded(tokenizer, prompts[s:s + batch_size], pad)
+            width = ids.shape[1]
             stop = None if answers is None else StoppingCriteriaList(
                 [AnswersFound(tokenizer, width, answers[s:s + batch_size])])
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
