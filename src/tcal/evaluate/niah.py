@@ -185,6 +185,14 @@ def _build(task: Task, rng: random.Random, depth: float, hay: list[str]) -> tupl
     return prompt, answers
 
 
+def answer_room(task_name: str, max_new_tokens: int | None = None) -> int:
+    """The new tokens an answer to ``task_name`` gets: ``max_new_tokens``, or RULER's for the task."""
+    new = GEN_TOKENS[get_task(task_name).kind] if max_new_tokens is None else int(max_new_tokens)
+    if new < 1:
+        raise TcalError(f"max_new_tokens must be at least 1, got {new}")
+    return new
+
+
 def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: int = 0,
                  documents: Sequence[str] = (), max_new_tokens: int | None = None) -> list[Sample]:
     """``samples`` prompts of at most ``length`` tokens each (prompt + ``max_new_tokens``, by default
@@ -193,9 +201,7 @@ def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: 
     task = get_task(task_name)
     if samples < 1:
         raise TcalError(f"samples must be at least 1, got {samples}")
-    new = GEN_TOKENS[task.kind] if max_new_tokens is None else int(max_new_tokens)
-    if new < 1:
-        raise TcalError(f"max_new_tokens must be at least 1, got {new}")
+    new = answer_room(task_name, max_new_tokens)
     units = haystack_units(task, documents)
     out = []
     for i in range(samples):
@@ -320,8 +326,8 @@ def niah_cell(model, tokenizer, *, task: str, length: int, samples: int, seed: i
     rows = niah_details(model, tokenizer, task=task, length=length, samples=samples, seed=seed, haystack=haystack,
                         batch_size=batch_size, progress=progress, max_new_tokens=max_new_tokens)
     scores = [r["score"] for r in rows]
-    room = GEN_TOKENS[get_task(task).kind] if max_new_tokens is None else max_new_tokens
-    return {"task": task, "length": length, "max_new_tokens": room, "accuracy": sum(scores) / len(rows),
+    return {"task": task, "length": length, "max_new_tokens": answer_room(task, max_new_tokens),
+            "accuracy": sum(scores) / len(rows),
             "interval": list(accuracy_interval(scores)), "seconds": time.perf_counter() - t0, "samples": rows}
 
 

@@ -144,7 +144,8 @@ def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
     acc = {(c["task"], c["length"]): (c["accuracy"], accuracy_interval([s["score"] for s in c["samples"]]))
            for c in cells}
     secs = sum(c["seconds"] for c in cells)
-    room = ", ".join(f"{t} {r}" for t, r in dict((c["task"], c.get("max_new_tokens", "?")) for c in cells).items())
+    # every cell has its room: a partial run from before rooms were stored has other settings and starts over
+    room = ", ".join(f"{t} {r}" for t, r in {c["task"]: c["max_new_tokens"] for c in cells}.items())
     lines = [f"# Retrieval: {cfg.model}", "",
              f"- {cfg.samples} prompts per task and length, needle depths spread over 0..1, seed {cfg.seed}; "
              f"greedy decoding; score = fraction of expected answers found in the output (RULER string_match_all)",
