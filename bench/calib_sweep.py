@@ -37,6 +37,7 @@ KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4)),
         # and layer 4 for 28: the layer revert_layers found the layer-7 set's retrieval needed most (CPU: 2.5 % lower
         # PPL, passkey within noise; bench/results/cpu-2026-12-02/swap-4-for-28/)
         "niah15-7-4": [0, 1, 2, 4, 7, 8, 15, 16, 18, 19, 20, 21, 23, 24, 29]}
+BUILTIN_KEEPS = tuple(KEEP)  # `run --keep-file NAME=FILE` adds a set made on the machine (bench/niah_rank.py)
 
 # name -> (phase1 variant or None, align mode, KL stage)
 METHODS = {
@@ -76,7 +77,7 @@ def job_sets() -> dict[str, list[dict]]:
     long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
     # the same 256K tokens in 4K-token windows, the longest passkey length tested (the teacher's context is 8K)
     long_window4k = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-4k", kl_steps=300)
-                     for k in ("niah15", "50", "niah15-7", "niah15-7-4")]
+                     for k in ("niah15", "50", "niah15-7", "niah15-7-4") + tuple(set(KEEP) - set(BUILTIN_KEEPS))]
     # 73 % converted at the GPU budget: taylor (300 KL steps) against phase2 on the same tokens
     ratio73 = [dict(keep="73", method="tes-kl", calib="mix", budget="256k", kl_steps=300),
                dict(keep="73", method="phase2", calib="mix", budget="256k")]
@@ -186,6 +187,10 @@ def run_step(args) -> None:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, args.workers)))
     device = args.device
+    for spec in args.keep_file:
+        name, _, path = spec.partition("=")
+        KEEP[name] = [int(x) for x in Path(path).read_text().split(",")]
+        print(f"keep {name}: {KEEP[name]}")
     jobs = [j for s in args.jobs.split(",") for j in job_sets()[s]]
     for key in ("method", "keep", "budget", "calib"):
         want = getattr(args, key + "s")
@@ -246,6 +251,8 @@ def main() -> None:
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")
     for key in ("method", "keep", "budget", "calib"):
         r.add_argument(f"--{key}s", default="", help=f"only jobs with these {key}s (comma list)")
+    r.add_argument("--keep-file", action="append", default=[],
+                   help="NAME=FILE: a keep set (a comma list of layers in FILE) for the long-window-4k jobs")
     r.add_argument("--small-first", action="store_true", help="smallest budgets first")
     r.add_argument("--deadline-min", type=float, default=0, help="start no job after this many minutes")
     args = p.parse_args()

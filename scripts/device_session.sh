@@ -27,8 +27,10 @@
 #   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
 #   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
 #   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
+#   rank           bench/niah_rank.py: niah:15's layer ranking at RANK_LENGTHS; the last length's set is a sweep keep set
 #   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS,
-#                  DISTILL_EVAL_EVERY; CALL_S or DISTILL_MINUTES bound a call),
+#                  DISTILL_EVAL_EVERY, DISTILL_ARGS; DISTILL_TAG names a second run of one hybrid; CALL_S or
+#                  DISTILL_MINUTES bound a call),
 #                  passkey at every curve point (DISTILL_PASSKEY lengths, 20 prompts each)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
@@ -60,7 +62,7 @@ left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
-  case $step in select-timing|recover|sweep|recover50|quality|distill-long) need_teacher "$step" ;; esac
+  case $step in select-timing|recover|sweep|recover50|quality|distill-long|rank) need_teacher "$step" ;; esac
   case $step in
     stage)
       if ls .whl/*.whl >/dev/null 2>&1; then
@@ -127,14 +129,22 @@ for step in "$@"; do
       n=${SWEEP_WORKERS:-1}
       # one process dequantises the GGUF into the teacher cache before the workers all read it
       python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
+      # keep sets the rank step made on this machine (NAME.keep) join the long-window-4k jobs under their names
+      kf=; for f in $S/*.keep; do [ -f "$f" ] && kf="$kf --keep-file $(basename "$f" .keep)=$f"; done
       for w in $(seq 0 $((n - 1))); do
-        OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
+        OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run $kf --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
           --worker $w --workers $n --deadline-min "${SWEEP_MINUTES:-6}" --out "$OUT/sweep-$w.jsonl" \
           --save /tmp/tcal-runs/sweep ${SWEEP_ARGS:-} \
           > "$OUT/sweep-$w.log" 2>&1 &
       done
       wait
       grep -h . "$OUT"/sweep-*.jsonl | python3 -c "import sys, json; [print(r.get('method'), r.get('keep'), r.get('budget'), r.get('calib'), {k: round(v, 2) for k, v in (r.get('ppl') or {}).items()}, round(r.get('wall_s', 0)), r.get('error', '')) for r in map(json.loads, sys.stdin)]" ;;
+    rank)
+      # niah:15's ranking on RANK_LENGTHS-token prompts (the policy's 8 prompts, sotu:calib, seed 1); the last length's
+      # 15 layers become the keep set niah15-<length/1024>k of a later sweep (SWEEP_ARGS="--keeps niah15-4k ...")
+      L=${RANK_LENGTHS:-2048,4096}
+      python3 bench/niah_rank.py --lengths $L --device cuda --out "$OUT/niah_rank.json" \
+        --keep-out "$S/niah15-$(( ${L##*,} / 1024 ))k.keep" 2>&1 | grep -v "Loading weights" | tail -8 ;;
     calib-speed)
       # Taylor-Calibrate wall time at the Qwen2.5-1.5B shape (random weights), CALIB_LAYERS deep (0 = all 28); a second
       # run in one call finds the compile caches the first one filled (calib_speed_0.json, calib_speed_1.json, ...)
@@ -162,7 +172,7 @@ for step in "$@"; do
       # after distill-long (DISTILL_FROM): the hybrid zero-shot and, once its run has finished, distilled
       if [ -z "${QUALITY_MODELS:-}" ] && [ -n "${DISTILL_FROM:-}" ]; then
         m=$m,zero-shot=/tmp/tcal-runs/sweep/$DISTILL_FROM
-        DL=/tmp/tcal-runs/distill-long/$DISTILL_FROM
+        DL=/tmp/tcal-runs/distill-long/$DISTILL_FROM${DISTILL_TAG:-}
         if [ -d $DL ] && [ ! -d $DL.partial ]; then m=$m,distilled=$DL; else echo "quality: $DL not finished, zero-shot only"; fi
       fi
       [ -z "${QUALITY_MODELS:-}${DISTILL_FROM:-}" ] && for i in copy taylor-reference phase2 taylor; do
@@ -213,7 +223,7 @@ for step in "$@"; do
       # distil a hybrid the sweep saved (DISTILL_FROM, a job name) on DISTILL_SEQ-token sequences of the pool: retrieval
       # up to the passkey lengths needs training sequences that long (recover50's 1,024 brought it back to 1K only)
       H=/tmp/tcal-runs/sweep/$DISTILL_FROM
-      D=/tmp/tcal-runs/distill-long/$DISTILL_FROM
+      D=/tmp/tcal-runs/distill-long/$DISTILL_FROM${DISTILL_TAG:-}
       RESUME=; [ -d "$D.partial" ] && RESUME=--resume
       [ -d "$D" ] && [ ! -d "$D.partial" ] && { echo "distill-long: $D is finished"; continue; }
       # 100 s of CALL_S are kept for what --max-minutes may not bound: starting the process, the last checkpoint

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from tcal.train.sampler import WindowOrder, batch_for_step
+from tcal.train.sampler import WindowOrder, batch_for_step, recall_source, with_recall
 from tcal.utils.errors import TcalError
 
 SEQ = 16
@@ -26,3 +26,47 @@ def test_data_order_is_a_function_of_seed_and_step():
 def test_no_full_window_is_an_error():
     with pytest.raises(TcalError, match="no full window"):
         WindowOrder(0, seed=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the recall mix
+# ---------------------------------------------------------------------------------------------
+
+
+def test_with_recall_repeats_an_earlier_span_at_the_end():
+    window = np.arange(100, 132)
+    out = with_recall(window, source=5, span=8)
+    assert list(out[-8:]) == list(range(105, 113))  # the copy
+    assert list(out[:-8]) == list(range(100, 124))  # everything before it as it was
+    assert list(window) == list(range(100, 132))  # the input is not changed
+    assert list(with_recall(window, source=16, span=8)[-8:]) == list(range(116, 124))  # the latest source that fits
+    for source, span in ((17, 8), (-1, 8), (0, 0), (0, 17)):
+        with pytest.raises(ValueError, match="does not fit"):
+            with_recall(window, source, span)
+
+
+def test_recall_source_is_a_function_of_seed_and_sample():
+    picks = [recall_source(3, i, 64, 0.5, 16) for i in range(400)]
+    assert picks == [recall_source(3, i, 64, 0.5, 16) for i in range(400)]
+    assert picks != [recall_source(4, i, 64, 0.5, 16) for i in range(400)]
+    used = [s for s in picks if s is not None]
+    assert 0.4 < len(used) / len(picks) < 0.6
+    assert min(used) == 0 and max(used) == 64 - 2 * 16  # sources spread over every start that fits
+    assert all(recall_source(3, i, 64, 0.0, 16) is None for i in range(100))
+    assert all(recall_source(3, i, 64, 1.0, 16) is not None for i in range(100))
+
+
+def test_recall_mix_in_a_batch():
+    tokens = np.arange(10 * SEQ, dtype=np.uint16)
+    order = WindowOrder(10, seed=3)
+    plain = batch_for_step(tokens, order, SEQ, step=3, batch_size=4)
+    assert torch.equal(plain, batch_for_step(tokens, order, SEQ, step=3, batch_size=4, recall_frac=0.0,
+                                             recall_span=4))
+    mixed = batch_for_step(tokens, order, SEQ, step=3, batch_size=4, recall_frac=1.0, recall_span=4)
+    for b in range(4):
+        source = recall_source(3, 3 * 4 + b, SEQ, 1.0, 4)
+        assert torch.equal(mixed[b, :-4], plain[b, :-4])
+        assert torch.equal(mixed[b, -4:], plain[b, source:source + 4])
+    # one rank's rows are that rank's rows of the whole batch, copies included
+    half = batch_for_step(tokens, order, SEQ, step=3, batch_size=4, rows=range(2, 4), recall_frac=1.0, recall_span=4)
+    assert torch.equal(half, mixed[2:])

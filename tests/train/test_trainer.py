@@ -147,6 +147,23 @@ def test_trainer_state_dict_round_trip_and_step(assets):
     assert math.isfinite(t.evaluate()) and t.report("done")["steps"] == 1
 
 
+def test_trainer_steps_on_the_recall_mix(assets):
+    """The trainer's batch is the sampler's batch with the recall mix, so a run with it trains on other tokens."""
+    train, eval_ids = distill_data(assets)
+    batches = {}
+    for frac in (0.0, 1.0):
+        t = Trainer(load_model(assets / "hybrid"), load_model(assets / "teacher"),
+                    options(recall_frac=frac, recall_span=4), tokens=3 * TPS, train_tokens=train, eval_ids=eval_ids)
+        seen = []
+        forward = t.hidden_t
+        t.hidden_t = lambda ids: (seen.append(ids.clone()), forward(ids))[1]
+        t.step()
+        batches[frac] = torch.cat(seen)
+    plain, mixed = batches[0.0], batches[1.0]
+    assert torch.equal(plain[:, :-4], mixed[:, :-4]) and not torch.equal(plain[:, -4:], mixed[:, -4:])
+    assert all(any(torch.equal(m[-4:], m[i:i + 4]) for i in range(SEQ - 8 + 1)) for m in mixed)
+
+
 def test_no_student_and_no_checkpoint_is_an_error(assets, tmp_path):
     with pytest.raises(TcalError, match="no student model given"):
         run(assets, tmp_path / "x.partial", options(), student=None)
@@ -167,6 +184,9 @@ def test_no_student_and_no_checkpoint_is_an_error(assets, tmp_path):
     ({"schedule": "linear"}, 10, "unknown --schedule"),
     ({"train": "some"}, 10, "unknown --train"),
     ({"precision": "fp8"}, 10, "unknown --precision"),
+    ({"recall_frac": 1.5}, 10, "--recall-frac must be in"),
+    ({"recall_frac": 0.5, "recall_span": 9}, 10, "--recall-span must be between 1 and half of --seq-len"),
+    ({"recall_frac": 0.5, "recall_span": 0}, 10, "--recall-span must be between 1"),
 ])
 def test_check_train_options(over, tokens, message):
     with pytest.raises(TcalError, match=message):

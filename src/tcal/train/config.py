@@ -37,6 +37,10 @@ class TrainOptions(EvalArgs, DeviceArgs):
     weight_decay: float = arg(0.01, "AdamW weight decay on matrices (biases, norms, A_log, dt_bias: none)")
     grad_clip: float = arg(1.0, "gradient-norm clip; 0 = off")
     ce_weight: float = arg(0.0, "loss = (1 - w) KL(teacher || student) + w next-token CE; w in [0, 1]")
+    recall_frac: float = arg(0.0, "share of training sequences that end with a verbatim copy of an earlier span of "
+                                  "themselves (KL on the copy asks the student to find text far back in its "
+                                  "context, as retrieval does); 0 = plain text")
+    recall_span: int = arg(256, "tokens in each copied span of --recall-frac (at most half of --seq-len)")
     kl_chunk: int = arg(1024, "token rows per chunk of the vocabulary-wide KL (bounds the logits' memory)")
     train: str = arg("gdn", "parameters that train: the GDN layers only, or all", choices=TRAIN_SETS)
     gradient_checkpointing: bool = arg(False, "recompute decoder layers in the backward pass (less memory, slower)")
@@ -110,6 +114,11 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"--micro-batch {cfg.micro_batch} must divide --batch-size {cfg.batch_size} (or be 0)")
     if not 0.0 <= cfg.ce_weight <= 1.0:
         raise TcalError(f"--ce-weight must be in [0, 1], got {cfg.ce_weight}")
+    if not 0.0 <= cfg.recall_frac <= 1.0:
+        raise TcalError(f"--recall-frac must be in [0, 1], got {cfg.recall_frac}")
+    if cfg.recall_frac > 0 and not 1 <= cfg.recall_span <= cfg.seq_len // 2:
+        raise TcalError(f"--recall-span must be between 1 and half of --seq-len ({cfg.seq_len // 2}), "
+                        f"got {cfg.recall_span}")
     if cfg.kl_chunk < 1:
         raise TcalError(f"--kl-chunk must be positive, got {cfg.kl_chunk}")
     for flag, value in (("--lr", cfg.lr), ("--warmup", cfg.warmup), ("--weight-decay", cfg.weight_decay),

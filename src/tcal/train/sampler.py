@@ -5,6 +5,12 @@ The token stream is cut into non-overlapping windows of ``seq_len`` tokens. Trai
 ``i = step * batch_size + b`` is window ``perm_e[i mod n]`` of epoch ``e = i div n``, with
 ``perm_e = default_rng([seed, e]).permutation(n)``. Packed data has no padding: every step trains
 on ``batch_size * seq_len`` tokens.
+
+A recall mix (``recall_frac`` > 0) turns a share of the windows into ones that end with a verbatim copy
+of an earlier span of themselves. Ordinary text rarely asks a model to find something far back in its
+context; on a repeated span the teacher copies from wherever the first occurrence lies, so the KL there
+teaches the student that skill, at distances spread over the whole window. Which windows, and which
+span, are a function of (seed, sample) alone, like the order.
 """
 from __future__ import annotations
 
@@ -34,14 +40,39 @@ class WindowOrder:
         return int(self.permutation(epoch)[pos])
 
 
+def with_recall(window: np.ndarray, source: int, span: int) -> np.ndarray:
+    """A copy of ``window`` whose last ``span`` tokens repeat ``window[source:source + span]``.
+
+    The source must end before the copy starts, so the copy repeats text the window still holds."""
+    n = len(window)
+    if span < 1 or source < 0 or source + span > n - span:
+        raise ValueError(f"a {span}-token span at {source} does not fit before the last {span} of {n} tokens")
+    out = np.array(window, copy=True)
+    out[n - span:] = window[source:source + span]
+    return out
+
+
+def recall_source(seed: int, sample: int, seq_len: int, frac: float, span: int) -> int | None:
+    """Where sample ``sample``'s repeated span starts, or None for a window left as it is."""
+    if frac <= 0:
+        return None
+    rng = np.random.default_rng([seed, 1, int(sample)])  # a stream of its own: the order's stays as it was
+    if rng.random() >= frac:
+        return None
+    return int(rng.integers(0, seq_len - 2 * span + 1))
+
+
 def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int,
-                   rows: range | None = None) -> torch.Tensor:
+                   rows: range | None = None, *, recall_frac: float = 0.0, recall_span: int = 0) -> torch.Tensor:
     """The (batch_size, seq_len) LongTensor that step ``step`` trains on, or only its rows ``rows``
     (one rank's share: the ranks' shares together are the same batch)."""
     picked = []
     for b in range(batch_size) if rows is None else rows:
-        start = order.window(step * batch_size + b) * seq_len
-        picked.append(np.asarray(tokens[start:start + seq_len], dtype=np.int64))
+        sample = step * batch_size + b
+        start = order.window(sample) * seq_len
+        window = np.asarray(tokens[start:start + seq_len], dtype=np.int64)
+        source = recall_source(order.seed, sample, seq_len, recall_frac, recall_span)
+        picked.append(window if source is None else with_recall(window, source, recall_span))
     return torch.from_numpy(np.stack(picked))
 
 

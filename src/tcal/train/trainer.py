@@ -184,7 +184,7 @@ class Trainer:
             g["lr"] = self.lr(self.step_count)
         # this rank's rows of the global batch (all of it in one process)
         ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size,
-                             rows=self.rows)
+                             rows=self.rows, recall_frac=cfg.recall_frac, recall_span=cfg.recall_span)
         ids = ids.to(self.device)
         micro = cfg.micro_batch or self.local_batch
         self.optimizer.zero_grad(set_to_none=True)
