@@ -164,6 +164,8 @@ def test_distill_on_a_teacher_directory_or_a_file_out(assets, capsys):
     (["pool", "--sources", "wiki:eval"], "evaluation text"),
     (["pool", "--max-tokens", "0"], "--max-tokens must be positive"),
     (["distill", "--lr", "nan"], "--lr must be a finite number"),
+    (["distill", "--recall-frac", "2"], "--recall-frac must be in"),
+    (["distill", "--recall-frac", "0.5", "--seq-len", "512", "--recall-span", "300"], "--recall-span must be between"),
     (["recover", "--lr", "inf"], "--lr must be a finite number"),
 ])
 def test_argument_errors_come_before_the_teacher_loads(workspace, capsys, argv, message):
