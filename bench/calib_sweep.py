@@ -122,7 +122,8 @@ def align_for(budget: str, steps: int):
 
 def job_name(job: dict, kl_steps: int) -> str:
     kl = f"-kl{job.get('kl_steps', kl_steps)}" if METHODS[job["method"]][2] else ""
-    return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}"
+    recall = f"-recall{round(100 * job['kl_recall'])}" if kl and job.get("kl_recall") else ""
+    return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}{recall}"
 
 
 def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100,
@@ -153,7 +154,7 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     prep_s = time.perf_counter() - t0
     kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
     kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all,
-                      batch_size=kl_batch, eval_every=5, patience=kl_patience)
+                      batch_size=kl_batch, eval_every=5, patience=kl_patience, recall_frac=job.get("kl_recall", 0.0))
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
     conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
                                progress=True)
@@ -200,6 +201,8 @@ def run_step(args) -> None:
         order = list(BUDGETS)
         jobs = sorted(jobs, key=lambda j: order.index(j["budget"]))
     jobs = jobs[args.worker :: args.workers]
+    if args.kl_recall_frac:  # the KL stage's recall mix (KLConfig.recall_frac) for every job; its name says so
+        jobs = [{**j, "kl_recall": args.kl_recall_frac} for j in jobs]
     tokens = Path(args.tokens)
     teacher, tok = load_teacher("smollm2-135m", device=device)
     evals = {spec: torch.from_numpy(np.load(tokens / f"eval-{spec.replace(':', '_')}.npy").astype(np.int64))
@@ -246,6 +249,9 @@ def main() -> None:
     r.add_argument("--kl-patience", type=int, default=4,
                    help="KLConfig.patience: held-out checks (every 5 steps) without a new best that stop the KL stage "
                         "(and never before a tenth of its steps since session 15)")
+    r.add_argument("--kl-recall-frac", type=float, default=0.0,
+                   help="KLConfig.recall_frac for every job: this share of the KL stage's windows ends with a copy of "
+                        "an earlier 256-token span of itself (job names get -recallN)")
     r.add_argument("--out", required=True)
     r.add_argument("--save", default=None, help="save each converted hybrid to SAVE/<job name>")
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")

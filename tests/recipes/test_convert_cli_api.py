@@ -52,3 +52,15 @@ def test_cli_takes_a_calibration_mixture(workspace):
     key = "model.layers.1.self_attn.q_proj.weight"
     assert torch.equal(cli[key], api[key])
     assert not torch.equal(api[key], single[key])  # the second part was really read
+
+
+def test_report_says_when_the_kl_stage_had_the_recall_mix():
+    from tcal.recipes.convert import ConvertConfig, convert_markdown
+
+    report = {"layer_types": ["full_attention", "linear_attention"], "timings": {},
+              "calibration": {"data": "wiki:calib", "sequences": 4, "tokens_per_sequence": 512,
+                              "kl": {"steps": 3, "recall_frac": 0.5, "recall_span": 128}}}
+    cfg = ConvertConfig(teacher="t", out="o")
+    assert "50% of its windows end with a copy of an earlier 128-token span" in convert_markdown(cfg, report)
+    report["calibration"]["kl"] = {"steps": 3}
+    assert "recall mix" not in convert_markdown(cfg, report)

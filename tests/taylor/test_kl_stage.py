@@ -69,9 +69,28 @@ def test_kl_stage_needs_heldout_sequences_and_valid_settings():
         calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2), align=AlignConfig(heldout_frac=0.0))
     for bad in (dict(steps=-1), dict(lr=0.0), dict(lr=float("nan")), dict(batch_size=0), dict(patience=0),
                 dict(patience_frac=-0.1), dict(patience_frac=2.0),
-                dict(attn_input_weight=-1.0), dict(attn_input_weight=float("inf")), dict(attn_map_weight=-0.5)):
+                dict(attn_input_weight=-1.0), dict(attn_input_weight=float("inf")), dict(attn_map_weight=-0.5),
+                dict(recall_frac=1.5), dict(recall_frac=-0.1), dict(recall_span=0)):
         with pytest.raises(TcalError):
             KLConfig(**bad)
+
+
+def test_kl_stage_recall_mix_fits_and_picks_on_the_mixed_sequences():
+    from tcal.data.recall import recall_rows
+
+    teacher = tiny_teacher("llama", **CFG)
+    train, held = ids(8), ids(4, seed=1)
+    mixed_held = recall_rows(held, seed=0, frac=1.0, span=4, first_sample=8)  # held-out rows follow the training rows
+    assert not torch.equal(mixed_held, held)
+    hybrid = build_hybrid(teacher, [0])
+    start_mixed, start_plain = mean_kl(hybrid, teacher, mixed_held, 4), mean_kl(hybrid, teacher, held, 4)
+    rec = kl_stage(hybrid, teacher, train, held, KLConfig(steps=6, lr=3e-3, eval_every=2, patience=None,
+                                                          recall_frac=1.0, recall_span=4))
+    assert rec["heldout_kl_before"] == pytest.approx(start_mixed, rel=1e-6) != pytest.approx(start_plain, rel=1e-6)
+    assert rec["heldout_kl"] == pytest.approx(mean_kl(hybrid, teacher, mixed_held, 4), rel=1e-5)
+    assert rec["recall"] == {"frac": 1.0, "span": 4}
+    with pytest.raises(TcalError, match="windows of at least 18 tokens"):
+        kl_stage(build_hybrid(teacher, [0]), teacher, train, held, KLConfig(steps=2, recall_frac=0.5, recall_span=9))
 
 
 def test_calibrate_runs_the_kl_stage_after_phase2():

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from tcal.train.sampler import WindowOrder, batch_for_step, recall_source, with_recall
+from tcal.data.recall import recall_rows, recall_source, with_recall
+from tcal.train.sampler import WindowOrder, batch_for_step
 from tcal.utils.errors import TcalError
 
 SEQ = 16
@@ -70,3 +71,13 @@ def test_recall_mix_in_a_batch():
     # one rank's rows are that rank's rows of the whole batch, copies included
     half = batch_for_step(tokens, order, SEQ, step=3, batch_size=4, rows=range(2, 4), recall_frac=1.0, recall_span=4)
     assert torch.equal(half, mixed[2:])
+
+
+def test_recall_rows_is_the_mix_per_row():
+    ids = torch.arange(6 * SEQ).reshape(6, SEQ)
+    out = recall_rows(ids, seed=2, frac=0.5, span=4, first_sample=10)
+    for n in range(6):
+        source = recall_source(2, 10 + n, SEQ, 0.5, 4)
+        want = ids[n] if source is None else torch.cat([ids[n, :-4], ids[n, source:source + 4]])
+        assert torch.equal(out[n], want)
+    assert not torch.equal(out, ids) and out.dtype == ids.dtype

@@ -75,8 +75,11 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
     assert (name, n * w, kl["steps"], align["batch_size"]) == ("xl", 2**20, 1200, 16)  # 1M tokens
     big = CalibArgs(calib_budget="large", align_steps=7).budget("cpu")[3]
     assert big["steps"] == 7 and CALIB_BUDGETS["large"]["align"]["steps"] == 300  # the preset itself is not edited
+    kl = CalibArgs(kl_recall_frac=0.5, kl_recall_span=128).budget("cuda")[4]  # the KL stage's recall mix
+    assert kl == {"steps": 300, "batch_size": 8, "recall_frac": 0.5, "recall_span": 128}
     for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),
-                dict(calib_budget="huge")):
+                dict(calib_budget="huge"), dict(kl_recall_frac=1.5), dict(kl_recall_frac=0.5, kl_recall_span=0),
+                dict(kl_recall_frac=0.5, calib_window=300)):
         with pytest.raises(TcalError):
             CalibArgs(**bad).check_calib()
 

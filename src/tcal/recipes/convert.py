@@ -9,6 +9,7 @@ from pathlib import Path
 from tcal.conversion.inits import INITS
 from tcal.conversion.policy import POLICIES
 from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.errors import TcalError
 
 KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
              ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%)")
@@ -59,6 +60,9 @@ def _run(cfg: ConvertConfig, world) -> Path:
     keep = parse_keep(cfg.keep)
     parse_policy(keep, num_layers=1 << 30)  # the policy's syntax; its K is checked against the teacher later
     evaluate = cfg.eval.lower() != "none"
+    if cfg.kl_recall_frac > 0 and not spec.kl:
+        raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
+                        "use --init taylor (or another init with a KL stage)")
     if spec.calibrated:
         cfg.check_calib()
         for part in mixture_parts(cfg.calib):
@@ -68,11 +72,14 @@ def _run(cfg: ConvertConfig, world) -> Path:
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
         eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
     device, dtype = world.device, resolve_dtype(cfg.dtype)
+    budget, windows, window, align, kl = cfg.budget(device)
+    if cfg.kl_recall_frac > 0 and window < 2 * cfg.kl_recall_span:
+        raise TcalError(f"--kl-recall-span {cfg.kl_recall_span} needs calibration windows of at least "
+                        f"{2 * cfg.kl_recall_span} tokens; the {budget} budget's are {window}: set --calib-window")
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    budget, windows, window, align, kl = cfg.budget(device)
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
         calib_window=window, calib_windows=windows, progress=cfg.progress and world.is_main(),
@@ -120,6 +127,10 @@ def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
         c = report["calibration"]
         lines.append(f"- calibration data: `{c['data']}`, {c['sequences']} x {c['tokens_per_sequence']} tokens "
                      "(statistics and Phase 1 on the first three quarters; the last quarter picks Phase 2's best state)")
+        kl = c.get("kl") or {}
+        if kl.get("recall_frac"):
+            lines.append(f"- KL stage: {kl['recall_frac']:.0%} of its windows end with a copy of an earlier "
+                         f"{kl['recall_span']}-token span of themselves (recall mix)")
     if report.get("eval"):
         lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
                      f"first {cfg.eval_windows} x {cfg.eval_window} tokens")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from tcal.data.recall import recall_rows
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.taylor.capture import eager_attention, hooks
 from tcal.taylor.phase2 import lr_factor
@@ -61,6 +62,11 @@ class KLConfig:
     # at the question's last token alone gives a kept retrieval head back its attention on a distant needle; at the
     # needle's tokens it does not (bench/needle_patch.py): the query, not the key, is what the hybrid breaks.
     attn_query_weight: float = 0.0
+    # The recall mix on the stage's sequences (tcal.data.recall; 0 = off): this share of the training and held-out
+    # calibration sequences ends with a copy of an earlier recall_span-token span of itself, so the KL, and the
+    # held-out KL that picks the state kept, also ask for copying from far back in the context.
+    recall_frac: float = 0.0
+    recall_span: int = 256
 
     def __post_init__(self):
         if self.steps < 0:
@@ -73,6 +79,10 @@ class KLConfig:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
         if not (isinstance(self.patience_frac, (int, float)) and 0 <= self.patience_frac <= 1):
             raise TcalError(f"KL stage patience_frac must be a share of the run in [0, 1], got {self.patience_frac!r}")
+        if not (isinstance(self.recall_frac, (int, float)) and 0 <= self.recall_frac <= 1):
+            raise TcalError(f"KL stage recall_frac must be a share in [0, 1], got {self.recall_frac!r}")
+        if self.recall_span < 1:
+            raise TcalError(f"KL stage recall_span must be >= 1 tokens, got {self.recall_span}")
         for name in ("attn_input_weight", "attn_map_weight", "attn_query_weight"):
             w = getattr(self, name)
             if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
@@ -168,6 +178,14 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
         raise TcalError("the KL stage needs held-out calibration sequences to pick its state; "
                         "use a held-out fraction > 0")
     t0 = time.perf_counter()
+    if cfg.recall_frac > 0:
+        if train_ids.shape[1] < 2 * cfg.recall_span:
+            raise TcalError(f"the KL stage's recall mix copies {cfg.recall_span}-token spans, which needs calibration "
+                            f"windows of at least {2 * cfg.recall_span} tokens (they have {train_ids.shape[1]}); "
+                            "lower the span or lengthen the windows")
+        train_ids = recall_rows(train_ids, cfg.seed, cfg.recall_frac, cfg.recall_span)
+        heldout_ids = recall_rows(heldout_ids, cfg.seed, cfg.recall_frac, cfg.recall_span,
+                                  first_sample=train_ids.shape[0])
     params = _gdn_params(hybrid)
     saved_flags = {id(p): p.requires_grad for p in hybrid.parameters()}
     base_s, head_s = lm_parts(hybrid)
@@ -272,5 +290,5 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
             "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
             "attn_input_layers": aux_layers, "train_attn_input_gap": gaps, "train_attn_map_kl": map_kls,
-            "train_attn_query_gap": q_gaps,
+            "train_attn_query_gap": q_gaps, "recall": {"frac": cfg.recall_frac, "span": cfg.recall_span},
             "wall_s": time.perf_counter() - t0}

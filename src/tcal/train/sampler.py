@@ -6,17 +6,16 @@ The token stream is cut into non-overlapping windows of ``seq_len`` tokens. Trai
 ``perm_e = default_rng([seed, e]).permutation(n)``. Packed data has no padding: every step trains
 on ``batch_size * seq_len`` tokens.
 
-A recall mix (``recall_frac`` > 0) turns a share of the windows into ones that end with a verbatim copy
-of an earlier span of themselves. Ordinary text rarely asks a model to find something far back in its
-context; on a repeated span the teacher copies from wherever the first occurrence lies, so the KL there
-teaches the student that skill, at distances spread over the whole window. Which windows, and which
-span, are a function of (seed, sample) alone, like the order.
+A recall mix (``recall_frac`` > 0, tcal.data.recall) turns a share of the windows into ones that end
+with a verbatim copy of an earlier span of themselves; which ones, and which span, is a function of
+(seed, sample) alone, like the order.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from tcal.data.recall import recall_source, with_recall
 from tcal.utils.errors import TcalError
 
 
@@ -38,28 +37,6 @@ class WindowOrder:
     def window(self, sample: int) -> int:
         epoch, pos = divmod(int(sample), self.n)
         return int(self.permutation(epoch)[pos])
-
-
-def with_recall(window: np.ndarray, source: int, span: int) -> np.ndarray:
-    """A copy of ``window`` whose last ``span`` tokens repeat ``window[source:source + span]``.
-
-    The source must end before the copy starts, so the copy repeats text the window still holds."""
-    n = len(window)
-    if span < 1 or source < 0 or source + span > n - span:
-        raise ValueError(f"a {span}-token span at {source} does not fit before the last {span} of {n} tokens")
-    out = np.array(window, copy=True)
-    out[n - span:] = window[source:source + span]
-    return out
-
-
-def recall_source(seed: int, sample: int, seq_len: int, frac: float, span: int) -> int | None:
-    """Where sample ``sample``'s repeated span starts, or None for a window left as it is."""
-    if frac <= 0:
-        return None
-    rng = np.random.default_rng([seed, 1, int(sample)])  # a stream of its own: the order's stays as it was
-    if rng.random() >= frac:
-        return None
-    return int(rng.integers(0, seq_len - 2 * span + 1))
 
 
 def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int,

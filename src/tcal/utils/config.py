@@ -110,6 +110,9 @@ class CalibArgs:
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: the budget's, 300)")
     kl_steps: int | None = arg(None, "KL-stage steps of the inits that have one, e.g. taylor (default: the "
                                      "budget's, 40 reference / 300 large / 1,200 xl)")
+    kl_recall_frac: float = arg(0.0, "the KL stage's recall mix: this share of its calibration windows ends with a "
+                                     "copy of an earlier span of itself (for long-context retrieval; 0 = off)")
+    kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:
@@ -121,6 +124,13 @@ class CalibArgs:
             raise TcalError(f"--align-steps must be >= 0, got {self.align_steps}")
         if self.kl_steps is not None and self.kl_steps < 0:
             raise TcalError(f"--kl-steps must be >= 0, got {self.kl_steps}")
+        if not 0.0 <= self.kl_recall_frac <= 1.0:
+            raise TcalError(f"--kl-recall-frac must be in [0, 1], got {self.kl_recall_frac}")
+        if self.kl_recall_frac > 0 and self.kl_recall_span < 1:
+            raise TcalError(f"--kl-recall-span must be at least 1, got {self.kl_recall_span}")
+        if self.kl_recall_frac > 0 and self.calib_window is not None and self.calib_window < 2 * self.kl_recall_span:
+            raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs --calib-window of at least "
+                            f"{2 * self.kl_recall_span} tokens, got {self.calib_window}")
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
             raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
 
@@ -136,6 +146,8 @@ class CalibArgs:
             align["steps"] = self.align_steps
         if self.kl_steps is not None:
             kl["steps"] = self.kl_steps
+        if self.kl_recall_frac > 0:
+            kl.update(recall_frac=self.kl_recall_frac, recall_span=self.kl_recall_span)
         return (name, self.calib_windows or b["windows"], self.calib_window or b["window"], align, kl)
 
 
