@@ -49,7 +49,8 @@ def test_shared_field_groups():
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
     assert names(TeacherArgs) == ["teacher"] and TeacherArgs().teacher == "smollm2-135m"
     assert names(DeviceArgs) == ["device"] and DeviceArgs().device == "auto"
-    assert names(CalibArgs) == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps"]
+    assert names(CalibArgs) == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps",
+                                "kl_recall_frac", "kl_recall_span"]
     assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
             CalibArgs().align_steps) == ("wiki:calib+shakespeare:calib", "auto", None, None, None)
     assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "wiki:eval"
