@@ -42,12 +42,11 @@ def main() -> None:
         scores = niah_scores(teacher, tok, cfg, progress=False)
         keep = top_k(scores, args.k, largest=True)
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        rank = {i: r + 1 for r, i in enumerate(order)}
         rows.append({"length": cfg.niah_length, "samples": args.samples, "scores": scores, "keep": keep,
-                     "rank": {i: order.index(i) + 1 for i in range(len(scores))},
-                     "seconds": round(time.perf_counter() - t0, 1)})
+                     "rank": rank, "seconds": round(time.perf_counter() - t0, 1)})
         print(f"{cfg.niah_length} tokens ({rows[-1]['seconds']} s): keep {','.join(map(str, keep))}")
-        print("  layer:rank(score) " + " ".join(f"{i}:{order.index(i) + 1}({scores[i]:.2f})"
-                                                 for i in range(len(scores))))
+        print("  layer:rank(score) " + " ".join(f"{i}:{rank[i]}({s:.2f})" for i, s in enumerate(scores)))
     for a, b in zip(rows, rows[1:]):
         print(f"{a['length']} -> {b['length']}: in {sorted(set(b['keep']) - set(a['keep']))}, "
               f"out {sorted(set(a['keep']) - set(b['keep']))}")

@@ -208,7 +208,7 @@ def report_markdown(report: dict, cfg) -> str:
     if isinstance(n_data, int):
         data_line += (f" ({n_data:,} tokens = {report['train_windows']:,} windows of {cfg.seq_len}; "
                       f"{report['epochs']:.2f} epochs used)")
-    if getattr(cfg, "recall_frac", 0) > 0:
+    if cfg.recall_frac > 0:
         data_line += (f"; {cfg.recall_frac:.0%} of the sequences end with a copy of an earlier {cfg.recall_span}-token "
                       "span of themselves (recall mix)")
     teacher = report.get("teacher_ppl")

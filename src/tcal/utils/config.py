@@ -146,9 +146,14 @@ class CalibArgs:
             align["steps"] = self.align_steps
         if self.kl_steps is not None:
             kl["steps"] = self.kl_steps
+        window = self.calib_window or b["window"]
         if self.kl_recall_frac > 0:
+            # checked here, where the budget's window is known, rather than deep in the KL stage after Phase 2
+            if window < 2 * self.kl_recall_span:
+                raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs calibration windows of at least "
+                                f"{2 * self.kl_recall_span} tokens; the {name} budget's are {window}: set --calib-window")
             kl.update(recall_frac=self.kl_recall_frac, recall_span=self.kl_recall_span)
-        return (name, self.calib_windows or b["windows"], self.calib_window or b["window"], align, kl)
+        return (name, self.calib_windows or b["windows"], window, align, kl)
 
 
 @dataclasses.dataclass
