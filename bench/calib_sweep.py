@@ -120,8 +120,10 @@ def align_for(budget: str, steps: int):
                        warmup_steps=10)
 
 
-def job_name(job: dict, kl_steps: int) -> str:
-    kl = f"-kl{job.get('kl_steps', kl_steps)}" if METHODS[job["method"]][2] else ""
+def job_name(job: dict, kl_steps: int, kl_steps_all: int | None = None) -> str:
+    # the steps the stage ran: --kl-steps-all overrides the job's own (before session 20 names kept the job's)
+    steps = job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all
+    kl = f"-kl{steps}" if METHODS[job["method"]][2] else ""
     recall = f"-recall{round(100 * job['kl_recall'])}" if kl and job.get("kl_recall") else ""
     return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}{recall}"
 
@@ -162,7 +164,7 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     ppl = {spec: window_ppl(conv.hybrid, ids_e, progress=False) for spec, ids_e in evals.items()}
     detail = conv.record["detail"]
     p2 = detail.get("phase2", {})
-    label = job_name(job, kl_steps)
+    label = job_name(job, kl_steps, kl_steps_all)
     if save is not None:  # the quality suite and the distillation runs read it later
         from tcal.train.checkpoint import save_model
 
@@ -219,7 +221,7 @@ def run_step(args) -> None:
             print("deadline: not started", json.dumps(job), flush=True)
             continue
         t0 = time.perf_counter()
-        print(f"start {job_name(job, args.kl_steps)} at {t0 - start:.0f} s", flush=True)
+        print(f"start {job_name(job, args.kl_steps, args.kl_steps_all)} at {t0 - start:.0f} s", flush=True)
         try:
             row = run_job(job, teacher, tokens, evals, device, args.steps, args.kl_steps,
                           Path(args.save) if args.save else None, tok, args.kl_steps_all, args.kl_patience)
@@ -245,7 +247,7 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=300, help="Phase 2 steps per layer")
     r.add_argument("--kl-steps", type=int, default=100, help="KL stage steps (methods with a KL stage)")
     r.add_argument("--kl-steps-all", type=int, default=None,
-                   help="KL stage steps for every job, over a job's own (its name keeps the job's own count)")
+                   help="KL stage steps for every job, over a job's own (its name says the steps run)")
     r.add_argument("--kl-patience", type=int, default=4,
                    help="KLConfig.patience: held-out checks (every 5 steps) without a new best that stop the KL stage "
                         "(and never before a tenth of its steps since session 15)")
