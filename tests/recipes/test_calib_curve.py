@@ -51,3 +51,20 @@ def test_files_scored_on_other_evaluation_windows_are_refused(monkeypatch):
         cc.pick_points([("a", [T]), ("cpu", [other])], "50", "mix")
     with pytest.raises(SystemExit, match="no teacher row"):
         cc.pick_points([("a", [row("phase2", "1k", 30.0)])], "50", "mix")
+
+
+def test_the_long_budget_is_the_measured_sweep_job(monkeypatch):
+    """`--calib-budget long` must run what the GPU sweep measured (long-window-4k, 90 KL steps, recall mix 0.5)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import calib_sweep
+
+    from tcal.taylor.kl_stage import KLConfig
+    from tcal.taylor.phase2 import AlignConfig
+    from tcal.utils.config import CalibArgs
+
+    name, n, w, align, kl = CalibArgs(calib_budget="long").budget("cuda")
+    assert calib_sweep.BUDGETS["256k-4k"] == (n, w)
+    assert AlignConfig(**align) == calib_sweep.align_for("256k-4k", 300)
+    sweep_kl = KLConfig(steps=90, batch_size=max(1, calib_sweep.KL_TOKENS // w), eval_every=5, patience=4,
+                        recall_frac=0.5)  # run_job's KLConfig for that job with --kl-steps-all 90 --kl-recall-frac 0.5
+    assert KLConfig(**kl) == sweep_kl

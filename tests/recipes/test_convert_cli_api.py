@@ -64,3 +64,14 @@ def test_report_says_when_the_kl_stage_had_the_recall_mix():
     assert "50% of its windows end with a copy of an earlier 128-token span" in convert_markdown(cfg, report)
     report["calibration"]["kl"] = {"steps": 3}
     assert "recall mix" not in convert_markdown(cfg, report)
+
+
+def test_no_progress_silences_the_evaluation_too(workspace, capsys):
+    words = (workspace / "calib.txt").read_text().split()
+    (workspace / "heldout.txt").write_text(" ".join(reversed(words)))
+    argv = ["convert", "--teacher", workspace / "teacher", "--keep", "0,2", "--init", "copy", "--eval",
+            workspace / "heldout.txt", "--eval-window", 32, "--eval-windows", 2, "--device", "cpu", "--no-progress",
+            "--out", workspace / "quiet"]
+    assert main([str(a) for a in argv]) == 0
+    captured = capsys.readouterr()
+    assert "held-out PPL" in captured.out and "perplexity" not in captured.err + captured.out

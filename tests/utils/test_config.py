@@ -78,6 +78,13 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
     assert big["steps"] == 7 and CALIB_BUDGETS["large"]["align"]["steps"] == 300  # the preset itself is not edited
     kl = CalibArgs(kl_recall_frac=0.5, kl_recall_span=128).budget("cuda")[4]  # the KL stage's recall mix
     assert kl == {"steps": 300, "batch_size": 8, "recall_frac": 0.5, "recall_span": 128}
+    name, n, w, align, kl = CalibArgs(calib_budget="long").budget("cuda")  # the mix is this budget's own
+    assert (name, n, w, kl) == ("long", 64, 4096, {"steps": 90, "batch_size": 1, "recall_frac": 0.5, "recall_span": 256})
+    assert "recall_frac" not in CalibArgs(calib_budget="long", kl_recall_frac=0.0).budget("cuda")[4]  # 0 turns it off
+    assert CalibArgs(calib_budget="long", kl_recall_frac=0.25).budget("cuda")[4]["recall_frac"] == 0.25
+    assert CALIB_BUDGETS["long"]["kl"]["recall_frac"] == 0.5  # resolving it left the preset alone
+    with pytest.raises(TcalError, match="--calib-window"):  # the budget's mix on a window too short for its span
+        CalibArgs(calib_budget="long", calib_window=256).budget("cuda")
     for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),
                 dict(calib_budget="huge"), dict(kl_recall_frac=1.5), dict(kl_recall_frac=0.5, kl_recall_span=0),
                 dict(kl_recall_frac=0.5, calib_window=300)):

@@ -60,7 +60,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     keep = parse_keep(cfg.keep)
     parse_policy(keep, num_layers=1 << 30)  # the policy's syntax; its K is checked against the teacher later
     evaluate = cfg.eval.lower() != "none"
-    if cfg.kl_recall_frac > 0 and not spec.kl:
+    if cfg.kl_recall_frac and not spec.kl:  # asked for by flag; a budget's own mix simply goes unused
         raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
                         "use --init taylor (or another init with a KL stage)")
     if spec.calibrated:
@@ -94,7 +94,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
                                                                  **({"kl": kl} if spec.kl else {})}}
     if evaluate:
         report["eval"] = {
-            name: {d: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows)
+            name: {d: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows,
+                                        progress=cfg.progress)
                    for d, corpus in eval_corpora.items()}
             for name, model in (("teacher", teacher), ("hybrid", hybrid))
         }

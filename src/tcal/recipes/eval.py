@@ -77,7 +77,8 @@ def run(cfg: EvalConfig) -> dict:
     if cfg.task != "ppl":
         return run_retrieval(cfg)
     model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
-    rep = perplexity_report(model, tokenizer, cfg.data, window=cfg.window, windows=cfg.windows)
+    rep = perplexity_report(model, tokenizer, cfg.data, window=cfg.window, windows=cfg.windows,
+                            progress=cfg.progress)
     print(json.dumps(rep, indent=2, default=str))
     print(f"{cfg.model}: PPL {rep['ppl']:.3f} on {cfg.data} ({cfg.windows} x {cfg.window} tokens)")
     return rep

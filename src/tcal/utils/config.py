@@ -92,6 +92,12 @@ CALIB_BUDGETS = {
     "xl": dict(windows=2048, window=512,
                align=dict(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10),
                kl=dict(steps=1200, batch_size=8)),
+    # for long-context retrieval: 64 windows of 4K tokens (the passkey's lengths), 90 KL steps with the recall mix
+    # (half of the stage's windows end with a copy of an earlier span of themselves). With 300 KL steps PPL was
+    # lower and the 4K passkey was not (README, *The recall mix in the KL stage*)
+    "long": dict(windows=64, window=4096,
+                 align=dict(steps=300, batch_size=2, eval_every=5, schedule="cosine", warmup_steps=10),
+                 kl=dict(steps=90, batch_size=1, recall_frac=0.5)),
 }
 
 
@@ -101,7 +107,8 @@ class CalibArgs:
                                    "shares, interleaved); disjoint from --eval")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
                                     "large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
-                                    "steps; needs a 1M-token corpus, e.g. the default mixture), or auto "
+                                    "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
+                                    "steps with the recall mix: for long-context retrieval, on a GPU), or auto "
                                     "(reference on CPU, large on a GPU); --calib-window/--calib-windows/--align-steps override it",
                             choices=("auto", *CALIB_BUDGETS))
     calib_window: int | None = arg(None, "calibration sequence length in tokens (default: the budget's)")
@@ -109,9 +116,10 @@ class CalibArgs:
                                           "Phase 2 holds out the last quarter to pick its best state")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: the budget's, 300)")
     kl_steps: int | None = arg(None, "KL-stage steps of the inits that have one, e.g. taylor (default: the "
-                                     "budget's, 40 reference / 300 large / 1,200 xl)")
-    kl_recall_frac: float = arg(0.0, "the KL stage's recall mix: this share of its calibration windows ends with a "
-                                     "copy of an earlier span of itself (for long-context retrieval; 0 = off)")
+                                     "budget's, 40 reference / 300 large / 1,200 xl / 90 long)")
+    kl_recall_frac: float | None = arg(None, "the KL stage's recall mix: this share of its calibration windows ends "
+                                             "with a copy of an earlier span of itself (for long-context retrieval; "
+                                             "0 = off; default: the budget's, 0.5 long, 0 the others)")
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
 
     def check_calib(self) -> None:
@@ -124,11 +132,11 @@ class CalibArgs:
             raise TcalError(f"--align-steps must be >= 0, got {self.align_steps}")
         if self.kl_steps is not None and self.kl_steps < 0:
             raise TcalError(f"--kl-steps must be >= 0, got {self.kl_steps}")
-        if not 0.0 <= self.kl_recall_frac <= 1.0:
+        if self.kl_recall_frac is not None and not 0.0 <= self.kl_recall_frac <= 1.0:
             raise TcalError(f"--kl-recall-frac must be in [0, 1], got {self.kl_recall_frac}")
-        if self.kl_recall_frac > 0 and self.kl_recall_span < 1:
+        if self.kl_recall_span < 1:
             raise TcalError(f"--kl-recall-span must be at least 1, got {self.kl_recall_span}")
-        if self.kl_recall_frac > 0 and self.calib_window is not None and self.calib_window < 2 * self.kl_recall_span:
+        if self.kl_recall_frac and self.calib_window is not None and self.calib_window < 2 * self.kl_recall_span:
             raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs --calib-window of at least "
                             f"{2 * self.kl_recall_span} tokens, got {self.calib_window}")
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
@@ -147,12 +155,15 @@ class CalibArgs:
         if self.kl_steps is not None:
             kl["steps"] = self.kl_steps
         window = self.calib_window or b["window"]
-        if self.kl_recall_frac > 0:
+        recall = kl.pop("recall_frac", 0.0)
+        if self.kl_recall_frac is not None:  # the flag over the budget's, 0 included
+            recall = self.kl_recall_frac
+        if recall > 0:
             # checked here, where the budget's window is known, rather than deep in the KL stage after Phase 2
             if window < 2 * self.kl_recall_span:
                 raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs calibration windows of at least "
                                 f"{2 * self.kl_recall_span} tokens; the {name} budget's are {window}: set --calib-window")
-            kl.update(recall_frac=self.kl_recall_frac, recall_span=self.kl_recall_span)
+            kl.update(recall_frac=recall, recall_span=self.kl_recall_span)
         return (name, self.calib_windows or b["windows"], window, align, kl)
 
 
