@@ -39,7 +39,8 @@ class RecoverConfig(TrainOptions, TeacherArgs, CalibArgs, GDNArgs, OutArgs):
     tokens: int = arg(20_000_000, "training-token budget of every run (rounded up to whole steps)")
     out: str = arg("runs/recover", "output directory (written atomically; progress in OUT.partial/)")
     calib_window: int = arg(512, "calibration sequence length in tokens (a distillation run is GPU work; "
-                                 "it affords 16x the reference's calibration tokens)")
+                                 "it affords 16x the reference's calibration tokens); recover's own, whatever "
+                                 "--calib-budget says: the long budget's are --calib-window 4096 --calib-windows 64")
     calib_windows: int = arg(32, "number of calibration sequences (the first N windows)")
     # Constant after warm-up: the curve up to t tokens does not depend on the budget, so the
     # tokens-to-target numbers are a property of the init, not of --tokens.
