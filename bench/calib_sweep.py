@@ -120,10 +120,14 @@ def align_for(budget: str, steps: int):
                        warmup_steps=10)
 
 
+def kl_steps_run(job: dict, kl_steps: int, kl_steps_all: int | None = None) -> int:
+    """The KL stage's steps for ``job``: --kl-steps-all over the job's own, the job's over --kl-steps."""
+    return job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all
+
+
 def job_name(job: dict, kl_steps: int, kl_steps_all: int | None = None) -> str:
-    # the steps the stage ran: --kl-steps-all overrides the job's own (before session 20 names kept the job's)
-    steps = job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all
-    kl = f"-kl{steps}" if METHODS[job["method"]][2] else ""
+    # the steps the stage ran (before session 20 names kept the job's own under --kl-steps-all)
+    kl = f"-kl{kl_steps_run(job, kl_steps, kl_steps_all)}" if METHODS[job["method"]][2] else ""
     recall = f"-recall{round(100 * job['kl_recall'])}" if kl and job.get("kl_recall") else ""
     return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}{recall}"
 
@@ -155,7 +159,7 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
                   statistics=phase1 is not None, device=device)
     prep_s = time.perf_counter() - t0
     kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
-    kl_cfg = KLConfig(steps=job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all,
+    kl_cfg = KLConfig(steps=kl_steps_run(job, kl_steps, kl_steps_all),
                       batch_size=kl_batch, eval_every=5, patience=kl_patience, recall_frac=job.get("kl_recall", 0.0))
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
     conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,

@@ -33,10 +33,13 @@ def recall_source(seed: int, sample: int, seq_len: int, frac: float, span: int) 
     return int(rng.integers(0, seq_len - 2 * span + 1))
 
 
+def recall_window(window: np.ndarray, seed: int, sample: int, frac: float, span: int) -> np.ndarray:
+    """``window`` as sample ``sample`` of the mix has it: as it is, or ending with a copy of its own span."""
+    source = recall_source(seed, sample, len(window), frac, span)
+    return window if source is None else with_recall(window, source, span)
+
+
 def recall_rows(ids: torch.Tensor, seed: int, frac: float, span: int, first_sample: int = 0) -> torch.Tensor:
     """``ids`` (N, T) with the recall mix applied to each row; row n is sample ``first_sample + n``."""
-    rows = []
-    for n, row in enumerate(ids.cpu().numpy()):
-        source = recall_source(seed, first_sample + n, ids.shape[1], frac, span)
-        rows.append(row if source is None else with_recall(row, source, span))
+    rows = [recall_window(row, seed, first_sample + n, frac, span) for n, row in enumerate(ids.cpu().numpy())]
     return torch.from_numpy(np.stack(rows)).to(ids.device) if rows else ids

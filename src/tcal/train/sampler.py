@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tcal.data.recall import recall_source, with_recall
+from tcal.data.recall import recall_window
 from tcal.utils.errors import TcalError
 
 
@@ -48,8 +48,7 @@ def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: i
         sample = step * batch_size + b
         start = order.window(sample) * seq_len
         window = np.asarray(tokens[start:start + seq_len], dtype=np.int64)
-        source = recall_source(order.seed, sample, seq_len, recall_frac, recall_span)
-        picked.append(window if source is None else with_recall(window, source, recall_span))
+        picked.append(recall_window(window, order.seed, sample, recall_frac, recall_span))
     return torch.from_numpy(np.stack(picked))
 
 
