@@ -32,6 +32,10 @@
 #                  DISTILL_EVAL_EVERY, DISTILL_ARGS; DISTILL_TAG names a second run of one hybrid; CALL_S or
 #                  DISTILL_MINUTES bound a call),
 #                  passkey at every curve point (DISTILL_PASSKEY lengths, 20 prompts each)
+#   layout         the qwen3_5 target against the native layout at equal budgets (LAYOUT_BUDGETS, default reference large
+#                  long; LAYOUT_TARGETS native qwen3_5), all through the CLI: tcal convert with PPL on three held-out
+#                  domains, then tcal eval's passkey at 512-4K (LAYOUT_SAMPLES per length, seed 0); a job already done on
+#                  this machine is skipped, and none starts with fewer than LAYOUT_JOB_S seconds of CALL_S left
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +66,7 @@ left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
-  case $step in select-timing|recover|sweep|recover50|quality|distill-long|rank) need_teacher "$step" ;; esac
+  case $step in select-timing|recover|sweep|recover50|quality|distill-long|rank|layout) need_teacher "$step" ;; esac
   case $step in
     stage)
       if ls .whl/*.whl >/dev/null 2>&1; then
@@ -241,6 +245,25 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
         --eval-passkey "${DISTILL_PASSKEY:-1024,2048,4096}" --eval-passkey-samples 20 \
         --no-progress $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -15
       for f in curve.csv report.json report.md; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/distill_long_$f"; done ;;
+    layout)
+      for b in ${LAYOUT_BUDGETS:-reference large long}; do
+        K=0,2,4,6,8,10,12,14,16,18,20,22,24,26,28
+        [ "$b" = long ] && K=0,1,2,4,7,8,15,16,18,19,20,21,23,24,29  # the retrieval set the long budget was measured on
+        for t in ${LAYOUT_TARGETS:-native qwen3_5}; do
+          D=/tmp/tcal-runs/layout/$b-$t
+          if [ ! -f $D/report.json ]; then
+            [ "$(left)" -lt "${LAYOUT_JOB_S:-240}" ] && { echo "layout: $(left) s left of CALL_S, $b-$t not started"; break 2; }
+            python3 -m tcal.cli convert --teacher smollm2-135m --keep $K --calib-budget $b --target $t \
+              --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda --no-progress --out $D 2>&1 | grep -v "it/s" | tail -4
+          fi
+          if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
+            [ "$(left)" -lt 100 ] && { echo "layout: $(left) s left of CALL_S, passkey of $b-$t not started"; break 2; }
+            python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096 --samples "${LAYOUT_SAMPLES:-50}" \
+              --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+          fi
+        done
+      done
+      (cd /tmp/tcal-runs/layout && tar czf "$OUT/layout.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
     smoke)
       python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;

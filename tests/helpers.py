@@ -44,6 +44,29 @@ def tiny_teacher(family: str = "llama", seed: int = 0, **over):
     return model.eval()
 
 
+def target_hybrid(family: str = "llama", *, short_conv: bool = False, seed: int = 0, keep=(0, 2), **over):
+    """(a hybrid built for the Qwen3.5 layout, its teacher), keeping ``keep``, with every GDN parameter moved off
+    its initial value: a copy init leaves the gates at defaults an export could get wrong unnoticed."""
+    import tcal
+
+    teacher = tiny_teacher(family, **over)
+    hybrid = tcal.convert(teacher, keep=list(keep), init="copy", target="qwen3_5", use_short_conv=short_conv)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for gdn in hybrid.gdn_modules().values():
+            for name, p in gdn.named_parameters():
+                if name.endswith("conv1d.weight"):
+                    p.add_(0.3 * torch.randn(p.shape, generator=gen))
+                elif name == "o_norm.weight":
+                    p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+                elif name in ("A_log", "dt_bias"):
+                    p.add_(0.5 * torch.randn(p.shape, generator=gen))
+                elif name in ("g_proj.weight", "a_proj.weight", "b_proj.weight"):
+                    p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    hybrid.generation_config.eos_token_id = None  # greedy runs compare all their tokens, not up to a random EOS
+    return hybrid.eval(), teacher
+
+
 def assert_close(actual, expected, rtol: float, name: str = "tensor") -> float:
     """Relative error ||actual - expected|| / ||expected|| (in float64), printed, asserted <= rtol."""
     a = torch.as_tensor(actual).detach().double().cpu()
@@ -77,7 +100,7 @@ def write_distill_assets(root):
 
     teacher = tiny_teacher("llama")
     teacher.save_pretrained(root / "teacher")
-    tcal.convert(teacher, keep=[0, 2], init="copy").save_pretrained(root / "hybrid")
+    tcal.convert(teacher, keep=[0, 2], init="copy", target="native").save_pretrained(root / "hybrid")
     rng = np.random.default_rng(0)
     np.save(root / "train.npy", rng.integers(0, TINY["vocab_size"], 8000).astype(np.uint16))
     np.save(root / "eval.npy", rng.integers(0, TINY["vocab_size"], 2048).astype(np.uint16))

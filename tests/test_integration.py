@@ -62,3 +62,64 @@ def test_fast_decoder_equals_eager_on_a_hybrid_of_the_real_teacher(teacher):
     assert_close(fast.prefill(ids, mask), eager_logits, 1e-4, "prefill logits, fast vs eager")
     fast = FastDecoder(hybrid, max_len=width + 64, batch_size=2)
     assert torch.equal(fast.generate(ids, max_new_tokens=64, attention_mask=mask), ref)
+
+
+def test_the_real_hybrid_runs_in_transformers_without_tcal_and_in_llama_cpp(teacher, tmp_path):
+    """A Qwen3.5-layout hybrid of the real teacher (Phase 1 calibrated), exported through the CLI: the same greedy
+    continuations in tcal, in transformers in a process that cannot import tcal, and in llama.cpp (f32 GGUF with
+    the teacher GGUF's own tokenizer)."""
+    import json
+    import subprocess
+    import sys
+
+    import llama_cpp
+    import numpy as np
+
+    from tcal.cli import main
+
+    model, tok = teacher
+    h = tmp_path / "hybrid"
+    assert main(["convert", "--teacher", "smollm2-135m", "--keep", "uniform:50%", "--init", "phase1-exact",
+                 "--calib-windows", "4", "--calib-window", "256", "--eval", "none", "--no-progress", "--out",
+                 str(h)]) == 0
+    assert main(["export", str(h), "--out", str(tmp_path / "hf")]) == 0
+    assert main(["export", str(h), "--format", "gguf", "--gguf-type", "f32", "--no-progress", "--out",
+                 str(tmp_path / "gguf")]) == 0
+    rec = json.loads((tmp_path / "gguf" / "export.json").read_text())
+    assert rec["tokenizer"].startswith("copied from SmolLM2") and rec["check"]["tokenizer"] == "same ids"
+    hybrid = AutoModelForCausalLM.from_pretrained(h).eval()
+    hybrid.generation_config.eos_token_id = None  # plain greedy argmax everywhere: no engine stops at EOS
+    prompts = ["The river flows through the old town and", "In 1848 the assembly met in", "Photosynthesis is"]
+    n = 16
+    want = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            out = hybrid.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
+        want.append(out[0, ids.shape[1]:].tolist())
+    script = ("import sys, json; sys.modules['tcal'] = None\n"
+              "import torch, transformers\n"
+              "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+              "m.generation_config.eos_token_id = None\n"
+              "t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])\n"
+              "out = []\n"
+              "for p in json.loads(sys.argv[2]):\n"
+              "    ids = t(p, return_tensors='pt', add_special_tokens=False).input_ids\n"
+              f"    g = m.generate(ids, max_new_tokens={n}, do_sample=False, "
+              "pad_token_id=t.eos_token_id)\n"
+              "    out.append(g[0, ids.shape[1]:].tolist())\n"
+              "print(json.dumps([type(m).__name__, out]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "hf"), json.dumps(prompts)], check=True,
+                          capture_output=True, text=True)
+    name, got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert name == "Qwen3_5ForCausalLM" and got == want
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "gguf" / "model-f32.gguf"), n_ctx=128, logits_all=True,
+                          type_k=0, type_v=0, n_threads=2, verbose=False)
+    for p, w in zip(prompts, want):
+        llm.reset()
+        llm.eval(llm.tokenize(p.encode(), add_bos=False, special=False))
+        got = []
+        for _ in range(n):
+            got.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([got[-1]])
+        assert got == w, (p, got, w)

@@ -26,13 +26,15 @@ COMMANDS = {
     "distill": ("tcal.recipes.distill", "DistillConfig", "distil a hybrid against its frozen teacher's logits"),
     "recover": ("tcal.recipes.recover", "RecoverConfig",
                 "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets"),
+    "export": ("tcal.recipes.export", "ExportConfig",
+               "export a hybrid to the Qwen3.5 layout: a transformers checkpoint (vLLM, SGLang) or a llama.cpp GGUF"),
     "bench": ("tcal.recipes.bench", "BenchConfig",
               "prefill and decode speed of a hybrid against its teacher by context length: tables, plot"),
 }
 
-# `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`, `tcal bench MODEL`: the first positional
+# `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`, `tcal bench MODEL`, `tcal export HYBRID`: the first positional
 # fills this field.
-POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher", "bench": "model"}
+POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher", "bench": "model", "export": "hybrid"}
 
 
 def recipe(name: str):

@@ -135,7 +135,7 @@ def test_initialise_checks_what_an_init_needs():
         initialise(build_hybrid(teacher, KEEP), teacher, "taylor")
     with pytest.raises(TcalError, match="init 'zero-gate' takes no options; got zero_wa, align"):
         initialise(build_hybrid(teacher, KEEP), teacher, "zero-gate", align=AlignConfig(), zero_wa=True)
-    hybrid = build_hybrid(teacher, KEEP, output_gate=False)
+    hybrid = build_hybrid(teacher, KEEP, target="native", output_gate=False)  # the layout always gates
     with pytest.raises(TcalError, match="needs the output gate"):
         initialise(hybrid, teacher, "zero-gate")
     hybrid = build_hybrid(teacher, KEEP)

@@ -26,8 +26,9 @@ def test_kept_layers_and_shared_weights_bit_identical(family):
 
 
 def test_copy_init_repeats_kv_rows_and_carries_bias_and_norm(family):
+    """The native target carries the teacher's q/k/v biases and q/k norms into the GDN layers."""
     teacher = tiny_teacher(family)
-    hybrid = tcal.convert(teacher, keep=KEEP, init="copy")
+    hybrid = tcal.convert(teacher, keep=KEEP, init="copy", target="native")
     attn, gdn = teacher.model.layers[1].self_attn, hybrid.model.layers[1].self_attn
     assert torch.equal(gdn.q_proj.weight, attn.q_proj.weight)
     assert torch.equal(gdn.o_proj.weight, attn.o_proj.weight)
@@ -60,8 +61,10 @@ def test_build_hybrid_matches_convert_copy_and_config(family):
     a, b = build_hybrid(teacher, KEEP), tcal.convert(teacher, keep=KEEP, init="copy")
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    cfg = hybrid_config_for(teacher, [2, 0], use_short_conv=True)
+    cfg = hybrid_config_for(teacher, [2, 0], target="native", use_short_conv=True)
     assert cfg.gdn_use_short_conv and cfg.gdn_qkv_bias == (family == "qwen2") and cfg.gdn_qk_norm == (family == "qwen3")
+    cfg = hybrid_config_for(teacher, [2, 0], use_short_conv=True)  # the default target: what the layout holds
+    assert cfg.target == "qwen3_5" and cfg.gdn_use_short_conv and not (cfg.gdn_qkv_bias or cfg.gdn_qk_norm)
     assert cfg.gdn_layers == [1, 3]
     with pytest.raises(TcalError, match="unknown GDN option 'warp'"):
         hybrid_config_for(teacher, KEEP, warp=1)

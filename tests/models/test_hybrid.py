@@ -15,7 +15,7 @@ def ids(B=2, T=21, seed=1):
 
 
 def test_config_layer_lists_and_teacher_config():
-    hybrid = tcal.convert(tiny_teacher("qwen2"), keep=KEEP, init="copy")
+    hybrid = tcal.convert(tiny_teacher("qwen2"), keep=KEEP, init="copy", target="native")
     cfg = hybrid.config
     assert isinstance(cfg, HybridConfig) and cfg.model_type == "tcal_hybrid"
     assert cfg.layer_types == [FULL, LINEAR, FULL, LINEAR]

@@ -56,9 +56,37 @@ def test_bench_a_shape_writes_json_tables_and_plot(tmp_path, capsys):
 
 def test_the_row_list_for_help_is_the_librarys():
     from tcal.evaluate.speed import ROWS
+    from tcal.export.gguf import FILE_TYPES
+    from tcal.recipes.bench import GGUF_TYPES, LLAMA_CPP_ROWS
     from tcal.recipes.bench import ROWS as HELP_ROWS
 
-    assert HELP_ROWS == ROWS
+    assert HELP_ROWS == ROWS + LLAMA_CPP_ROWS and GGUF_TYPES == FILE_TYPES
+
+
+def test_bench_llama_cpp_rows_of_a_saved_hybrid(tmp_path, capsys):
+    from helpers import target_hybrid
+
+    hybrid, _ = target_hybrid("llama")
+    hybrid.save_pretrained(tmp_path / "hybrid")
+    out = tmp_path / "bench"
+    assert run("bench", tmp_path / "hybrid", "--contexts", "16,32", "--rows", "teacher-llama.cpp,hybrid-llama.cpp",
+               "--decode-tokens", 4, "--reps", 1, "--threads", 1, "--device", "cpu", "--no-progress", "--out",
+               out) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert [(r["model"], r["context"]) for r in res["rows"]] == [(n, c) for n in ("teacher-llama.cpp",
+                                                                                 "hybrid-llama.cpp") for c in (16, 32)]
+    assert all(r["decode_ms"] > 0 and r["prefill_tok_s"] > 0 and r["engine"] == "llama.cpp" for r in res["rows"])
+    md = (out / "bench.md").read_text()
+    assert "## llama.cpp: hybrid against teacher" in md and "KV bound" in md and "| hybrid-llama.cpp |" in md
+    # a native hybrid whose write gate has a bias: its row records why llama.cpp cannot run it, the teacher's runs
+    native = tcal.convert(tiny_teacher("llama"), keep=[0, 2], init="copy", target="native")
+    with __import__("torch").no_grad():
+        native.model.layers[1].self_attn.b_proj.bias.fill_(0.5)
+    native.save_pretrained(tmp_path / "native")
+    assert run("bench", tmp_path / "native", "--contexts", "16", "--rows", "teacher-llama.cpp,hybrid-llama.cpp",
+               "--decode-tokens", 2, "--reps", 1, "--device", "cpu", "--no-progress", "--out", tmp_path / "b2") == 0
+    rows = json.loads((tmp_path / "b2" / "bench.json").read_text())["rows"]
+    assert "error" not in rows[0] and "b_proj.bias" in rows[1]["error"]
 
 
 def test_bench_a_saved_hybrid_with_check(tmp_path, capsys):

@@ -20,12 +20,12 @@ def test_help_lists_commands(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for cmd in ("convert", "eval", "stats", "ablate", "distill", "recover", "pool", "bench"):
+    for cmd in ("convert", "eval", "stats", "ablate", "distill", "recover", "pool", "bench", "export"):
         assert cmd in out
 
 
 def test_command_table_maps_to_recipes():
-    assert set(COMMANDS) == {"convert", "eval", "stats", "ablate", "distill", "recover", "pool", "bench"}
+    assert set(COMMANDS) == {"convert", "eval", "stats", "ablate", "distill", "recover", "pool", "bench", "export"}
     for name, (module, cls_name, help_text) in COMMANDS.items():
         cls, run = recipe(name)
         assert module == f"tcal.recipes.{name}" and cls.__name__ == cls_name and callable(run) and help_text

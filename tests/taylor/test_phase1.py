@@ -13,7 +13,7 @@ from tcal.modules.gdn import GatedDeltaNet, inverse_softplus
 from tcal.ops import naive_recurrent_gated_delta_rule
 from tcal.taylor.capture import LayerIO, capture_teacher_io
 from tcal.taylor.formulas import (
-    decay_rate, dt_bias_for_distance, exact_b_bias, logit, ols_scale, reference_b_weight, reference_gate_alpha,
+    decay_rate, dt_bias_for_distance, exact_b_bias, exact_b_weight, logit, ols_scale, reference_b_weight, reference_gate_alpha,
     target_beta,
 )
 from tcal.taylor.layer_fit import layer_output, output_fit
@@ -85,6 +85,21 @@ def test_exact_b_bias_sets_mean_logit():
     tl = torch.tensor([-0.8, 0.0, 0.8])
     b = exact_b_bias(w, x.mean(0), tl)
     torch.testing.assert_close((x @ w.T + b).mean(0), tl, rtol=0, atol=1e-5)
+
+
+def test_exact_b_weight_is_the_biased_gate_where_x_holds_a_constant():
+    """Without a bias, W_b' x reproduces W_b x + b_b exactly when some direction of x is constant, and otherwise
+    is the least-squares closest linear map: nearer to the target mean logit than W_b alone."""
+    torch.manual_seed(0)
+    w, tl = torch.randn(3, 10), torch.tensor([-0.8, 0.0, 0.8])
+    x = torch.randn(500, 10)
+    x[:, 4] = 2.0  # a channel that is always 2 (LLM hidden states have such near-constant directions)
+    w2 = exact_b_weight(w, x, tl, ridge=1e-9)
+    torch.testing.assert_close(x @ w2.T, x @ w.T + exact_b_bias(w, x.mean(0), tl), rtol=0, atol=1e-4)
+    y = torch.randn(500, 10) + 0.5  # no constant channel: the constant is held only in part
+    w3 = exact_b_weight(w, y, tl)
+    before, after = ((y @ w.T).mean(0) - tl).abs(), ((y @ w3.T).mean(0) - tl).abs()
+    assert bool((after < before).all()), (before, after)
 
 
 def test_ols_scale_recovers_planted_scale_and_clips():
@@ -173,6 +188,17 @@ def test_exact_beta_mean_logit_equals_target():
     with torch.no_grad():
         mean_logit = gdn2.b_proj(io.x).reshape(-1, H).mean(0)
     torch.testing.assert_close(mean_logit, logit(target_beta(st.concentration_absolute)), rtol=0, atol=1e-5)
+
+
+def test_exact_beta_without_a_bias_folds_it_into_the_weights():
+    gdn, io, st = gdn_layer(beta_bias=False), layer_io(), layer_stats()
+    assert gdn.b_proj.bias is None
+    x = io.x.clone()
+    x[..., 0] = 1.0  # a constant direction: the fold is then exact
+    calibrate_layer(gdn, st, LayerIO(x=x, out=io.out, ctx=io.ctx), Phase1Options.for_variant("exact"))
+    with torch.no_grad():
+        mean_logit = gdn.b_proj(x).reshape(-1, H).mean(0)
+    torch.testing.assert_close(mean_logit, logit(target_beta(st.concentration_minmax)), rtol=0, atol=1e-3)
 
 
 def test_reference_variant_follows_the_recipe():

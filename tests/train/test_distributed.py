@@ -52,7 +52,10 @@ def close_curves(a, b, rtol=1e-5):
 
 def max_diff(sa, sb):
     assert sa.keys() == sb.keys()
-    return max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa)
+    diffs = {k: (sa[k].float() - sb[k].float()).abs().max().item() for k in sa}
+    worst = max(diffs, key=diffs.get)
+    print(f"largest difference {diffs[worst]:.2e} at {worst}")
+    return diffs[worst]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
+from tcal.conversion.target import DEFAULT_TARGET, target_options
 from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
@@ -58,12 +59,14 @@ def convert_with_record(
     seed: int = 0,
     progress: bool = False,
     selection: SelectionConfig | None = None,
+    target: str = DEFAULT_TARGET,
     **options,
 ) -> Conversion:
     """:func:`convert`, also returning what was done (the record written into reports)."""
     spec = get_init(init)
+    target_options(target, teacher.config)  # a teacher the target cannot express fails before any model work
     gdn_options, init_options = split_options(options)
-    record: dict = {"init": spec.name, "timings": {}}
+    record: dict = {"init": spec.name, "target": target, "timings": {}}
     data_name = "calib_ids" if calib_ids is not None else str(calib)
     if spec.calibrated and calib_ids is None:
         t0 = time.perf_counter()
@@ -81,7 +84,7 @@ def convert_with_record(
     record["timings"]["select_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    hybrid = build_hybrid(teacher, keep, seed=seed, **gdn_options)
+    hybrid = build_hybrid(teacher, keep, seed=seed, target=target, **gdn_options)
     record["timings"]["build_s"] = time.perf_counter() - t0
     if spec.calibrated:
         n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else as_calibration_ids(calib_ids)).shape
@@ -102,6 +105,9 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
       ``"ga:K"`` (K a count or a percentage); ar/ga score layers on a validation slice of the
       calibration corpus (:mod:`tcal.conversion.select`).
     - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
+    - ``target``: ``"qwen3_5"`` (default) or ``"native"``, the layout the hybrid must fit
+      (:mod:`tcal.conversion.target`); a ``qwen3_5`` hybrid exports with ``tcal export`` to the engines that run
+      Qwen3.5.
     - Calibrated inits (Taylor-Calibrate) take ``calib_ids`` (token ids (N, T), or a prepared
       :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib+shakespeare:calib``,
       disjoint from every ``:eval`` split) with ``tokenizer`` into ``calib_windows`` windows of

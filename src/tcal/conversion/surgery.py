@@ -9,6 +9,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from tcal.conversion.policy import layer_index
+from tcal.conversion.target import DEFAULT_TARGET, target_options
 from tcal.models.configuration_hybrid import FULL, LINEAR, HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.modules.gdn import GatedDeltaNet
@@ -49,26 +50,32 @@ def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
     return sorted(keep)
 
 
-def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], **gdn_options) -> HybridConfig:
+def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], target: str = DEFAULT_TARGET,
+                      **gdn_options) -> HybridConfig:
     check_teacher(teacher)
     tcfg = teacher.config
     keep = check_keep(keep, tcfg.num_hidden_layers)
     attn = teacher.model.layers[keep[0]].self_attn
     teacher_types = getattr(tcfg, "layer_types", None) or [FULL] * tcfg.num_hidden_layers
     layer_types = [teacher_types[i] if i in keep else LINEAR for i in range(tcfg.num_hidden_layers)]
-    base = tcfg.to_dict()
+    fixed, base_over = target_options(target, tcfg)
+    base = {**tcfg.to_dict(), **base_over}
     options = {
         "gdn_qkv_bias": attn.q_proj.bias is not None,
         "gdn_o_bias": attn.o_proj.bias is not None,
         "gdn_qk_norm": hasattr(attn, "q_norm"),
         "gdn_norm_eps": getattr(tcfg, "rms_norm_eps", 1e-5),
+        **fixed,
     }
     for name, value in gdn_options.items():
         key = name if name.startswith("gdn_") else f"gdn_{name}"
         if key not in HybridConfig.__dataclass_fields__:
             raise TcalError(f"unknown GDN option {name!r}")
+        if key in fixed and value != fixed[key]:
+            raise TcalError(f"GDN option {name}={value!r} does not fit --target {target} (it needs "
+                            f"{fixed[key]!r}); drop the option or convert with --target native")
         options[key] = value
-    cfg = HybridConfig(base_config=base, layer_types=layer_types, **options)
+    cfg = HybridConfig(base_config=base, layer_types=layer_types, target=target, **options)
     cfg._attn_implementation = tcfg._attn_implementation
     return cfg
 
@@ -83,7 +90,7 @@ def repeat_kv_rows(w: torch.Tensor, num_kv_heads: int, num_heads: int) -> torch.
 
 @torch.no_grad()
 def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: int) -> None:
-    """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried."""
+    """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried where the GDN layer has them."""
     H = gdn.num_heads
     gdn.q_proj.weight.copy_(attn.q_proj.weight)
     gdn.k_proj.weight.copy_(repeat_kv_rows(attn.k_proj.weight, num_kv_heads, H))
@@ -100,9 +107,11 @@ def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: i
         gdn.k_norm.weight.copy_(attn.k_norm.weight)
 
 
-def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, **gdn_options) -> HybridForCausalLM:
-    """The hybrid with every teacher weight in place and GDN layers in fla-default init + copied projections."""
-    cfg = hybrid_config_for(teacher, keep, **gdn_options)
+def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, target: str = DEFAULT_TARGET,
+                 **gdn_options) -> HybridForCausalLM:
+    """The hybrid with every teacher weight in place and GDN layers in fla-default init + copied projections;
+    ``target`` (:mod:`tcal.conversion.target`) says which layout it must fit."""
+    cfg = hybrid_config_for(teacher, keep, target, **gdn_options)
     param = next(teacher.parameters())
     with torch.device(param.device):
         hybrid = HybridForCausalLM(cfg).to(param.dtype)

@@ -29,9 +29,11 @@ class HybridConfig(PreTrainedConfig):
 
     base_config: dict | None = None  # the teacher's config.to_dict()
     layer_types: list[str] | None = None  # "full_attention" / "linear_attention" per layer
+    target: str = "native"  # the layout the hybrid was built to fit (tcal.conversion.target)
     gdn_use_short_conv: bool = False
     gdn_conv_size: int = 4
     gdn_qkv_bias: bool = False
+    gdn_beta_bias: bool = True
     gdn_o_bias: bool = False
     gdn_qk_norm: bool = False
     gdn_output_gate: bool = True
@@ -87,6 +89,7 @@ class HybridConfig(PreTrainedConfig):
         return GDNShape(
             hidden_size=self.hidden_size, num_heads=self.num_attention_heads, head_dim=self.head_dim,
             use_short_conv=self.gdn_use_short_conv, conv_size=self.gdn_conv_size, qkv_bias=self.gdn_qkv_bias,
+            beta_bias=self.gdn_beta_bias,
             o_bias=self.gdn_o_bias, qk_norm=self.gdn_qk_norm, output_gate=self.gdn_output_gate,
             norm_eps=self.gdn_norm_eps, backend=self.gdn_backend, chunk_size=self.gdn_chunk_size,
         )

@@ -12,6 +12,8 @@ class GDNShape:
     use_short_conv: bool = False
     conv_size: int = 4
     qkv_bias: bool = False
+    # a bias on b_proj (the write gate's logit): Phase 1's exact write gate sets it; the serving layout has none
+    beta_bias: bool = True
     o_bias: bool = False
     qk_norm: bool = False
     output_gate: bool = True

@@ -87,7 +87,7 @@ class GatedDeltaNet(nn.Module):
         self.k_proj = nn.Linear(D, H * d, bias=shape.qkv_bias)
         self.v_proj = nn.Linear(D, H * d, bias=shape.qkv_bias)
         self.a_proj = nn.Linear(D, H, bias=False)
-        self.b_proj = nn.Linear(D, H, bias=True)
+        self.b_proj = nn.Linear(D, H, bias=shape.beta_bias)
         self.A_log = nn.Parameter(torch.zeros(H))
         self.dt_bias = nn.Parameter(torch.zeros(H))
         if shape.use_short_conv:

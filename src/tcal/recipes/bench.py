@@ -21,8 +21,11 @@ from tcal.models.shapes import SHAPES
 from tcal.utils.config import DeviceArgs, OutArgs, arg
 from tcal.utils.errors import TcalError
 
-# tcal.evaluate.speed.ROWS, listed here for --help without torch
-ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hybrid-fast", "generate")
+# tcal.evaluate.speed.ROWS and the llama.cpp rows, listed here for --help without torch
+ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hybrid-fast", "generate",
+        "teacher-llama.cpp", "hybrid-llama.cpp")
+LLAMA_CPP_ROWS = ("teacher-llama.cpp", "hybrid-llama.cpp")
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # tcal.export.gguf.FILE_TYPES
 BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell (bench/hybrid_speed.py's count)
 CHECK_STEPS = 64
 
@@ -37,7 +40,9 @@ class BenchConfig(DeviceArgs, OutArgs):
     rows: str = arg("teacher-eager,hybrid-eager,teacher-fast,hybrid-fast",
                     "comma list of: teacher-eager / hybrid-eager (HF forward + DynamicCache), teacher-compiled "
                     "(HF generate with a compiled StaticCache step; CUDA), teacher-fast / hybrid-fast "
-                    "(tcal FastDecoder), generate (end-to-end HF generate vs FastDecoder.generate on the hybrid)")
+                    "(tcal FastDecoder), generate (end-to-end HF generate vs FastDecoder.generate on the hybrid), "
+                    "teacher-llama.cpp / hybrid-llama.cpp (both exported to one GGUF layout, run by llama.cpp: "
+                    "pip install 'tcal[gguf]')")
     decode_tokens: int = arg(128, "greedy decode steps timed after each prefill (generate: new tokens)")
     reps: int = arg(3, "timed runs per cell after one warm-up; the median is reported")
     batch_sizes: str = arg("", "batched decode throughput of the fast rows at --batch-context: comma list of "
@@ -46,6 +51,8 @@ class BenchConfig(DeviceArgs, OutArgs):
     check: bool = arg(False, f"also compare the hybrid's FastDecoder with the eager hybrid and an fp32 copy at "
                              f"the first context ({CHECK_STEPS} teacher-forced decode steps)")
     dtype: str = arg("bfloat16", "bfloat16, float16 or float32")
+    gguf_type: str = arg("f16", "llama.cpp rows: the GGUF's tensor type, f32, f16, bf16 or q8_0", choices=GGUF_TYPES)
+    threads: int = arg(0, "llama.cpp rows: CPU threads (0: every core)")
     num_layers: int = arg(0, "shapes only: override the depth (0: the shape's own; e.g. 2 for a smoke run)")
     cudnn_sdpa: bool = arg(False, "allow PyTorch's cuDNN SDPA backend (off by default: on some torch + GPU "
                                   "versions it rebuilds a cuDNN graph at every decode step, which swamps decode)")
@@ -134,6 +141,13 @@ def plan(cfg: BenchConfig) -> Plan:
     if cfg.num_layers < 0:
         raise TcalError(f"--num-layers must be 0 (the shape's depth) or more, got {cfg.num_layers}")
     resolve_dtype(cfg.dtype)
+    if any(r in LLAMA_CPP_ROWS for r in rows):
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            raise TcalError("the llama.cpp rows need llama-cpp-python: pip install 'tcal[gguf]'") from None
+    if cfg.threads < 0:
+        raise TcalError(f"--threads must be 0 (every core) or more, got {cfg.threads}")
     device = resolve_device(cfg.device)
     on_cuda = device.startswith("cuda")
     if "max" in batch_sizes and not on_cuda:
@@ -144,7 +158,8 @@ def plan(cfg: BenchConfig) -> Plan:
     shape, values = _model_config(cfg)
     limit = values.get("max_position_embeddings")
     longest = max(contexts + ([cfg.batch_context] if batch_sizes else []))
-    if limit and longest > limit:
+    # llama.cpp runs past the trained positions (with a warning); a speed row does not read what the model says there
+    if limit and longest > limit and any(r not in LLAMA_CPP_ROWS for r in rows):
         flag = "--batch-context" if longest not in contexts else "--contexts"
         raise TcalError(f"{flag} {longest} is beyond {cfg.model}'s max_position_embeddings {limit}; use "
                         f"contexts up to {limit}")
@@ -230,15 +245,17 @@ def run(cfg: BenchConfig) -> dict:
         settings = {"model": cfg.model, "keep": cfg.keep if p.shape else None, "contexts": p.contexts,
                     "rows": p.rows, "decode_tokens": cfg.decode_tokens, "reps": cfg.reps,
                     "batch_sizes": p.batch_sizes, "batch_context": cfg.batch_context, "check": cfg.check,
-                    "dtype": cfg.dtype, "num_layers": cfg.num_layers, "cudnn_sdpa": cfg.cudnn_sdpa,
+                    "dtype": cfg.dtype, "gguf_type": cfg.gguf_type, "threads": cfg.threads,
+                    "num_layers": cfg.num_layers, "cudnn_sdpa": cfg.cudnn_sdpa,
                     "device": p.device}
         result = {"settings": settings, "environment": speed.environment(p.device), "model": about, "rows": [],
                   "batched": [], "check": None, "weight_read_floor": _floors(speed, about.pop("weight_bytes"))}
         max_cache = max(p.contexts) + cfg.decode_tokens + 16  # one StaticCache size: one compile for every context
         fast_rows = [r for r in p.rows if r.endswith("-fast")]
-        cells = [(name, ctx) for ctx in p.contexts for name in p.rows]
+        cells = [(name, ctx) for ctx in p.contexts for name in p.rows if name not in LLAMA_CPP_ROWS]
+        gguf_rows = [r for r in p.rows if r in LLAMA_CPP_ROWS]
         batched = [(name, b) for b in p.batch_sizes for name in fast_rows]
-        bar = tqdm(total=len(cells) + len(batched) + int(cfg.check), desc="bench", unit="cell",
+        bar = tqdm(total=len(cells) + len(batched) + len(gguf_rows) + int(cfg.check), desc="bench", unit="cell",
                    disable=not cfg.progress)
         try:
             if cfg.check:
@@ -267,6 +284,14 @@ def run(cfg: BenchConfig) -> dict:
                     say(f"{name} batch {b} @ {cfg.batch_context} tokens: {row['error']}")
                 result["batched"].append(row)
                 bar.update()
+            for name in gguf_rows:
+                bar.set_postfix_str(f"{name} @ {', '.join(map(str, p.contexts))}")
+                rows = _llama_cpp_rows(cfg, p, name, teacher if name.startswith("teacher") else hybrid)
+                for row in rows:
+                    if "error" in row:
+                        say(f"{name} @ {row['context']} tokens: {row['error']}")
+                result["rows"] += rows
+                bar.update()
         finally:
             bar.close()
     finally:
@@ -280,6 +305,33 @@ def run(cfg: BenchConfig) -> dict:
     print(summary(result))
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return result
+
+
+def _llama_cpp_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
+    """``model`` written to a GGUF of --gguf-type in a temporary directory (a teacher in llama.cpp's architecture for
+    its family, a hybrid in the Qwen3.5 layout) and timed by llama.cpp at every context (on the GPU when llama.cpp
+    was built with CUDA and --device is cuda); one error row per context if it fails."""
+    import tempfile
+    from pathlib import Path
+
+    from tcal.evaluate import speed
+    from tcal.evaluate.gguf_speed import gguf_rows
+    from tcal.export.gguf import export_gguf, write_teacher_gguf
+
+    try:
+        import llama_cpp
+
+        gpu = -1 if p.device.startswith("cuda") and llama_cpp.llama_supports_gpu_offload() else 0
+        with tempfile.TemporaryDirectory(prefix="tcal-bench-") as tmp:
+            path = Path(tmp) / f"{name}.gguf"
+            if name.startswith("teacher"):
+                write_teacher_gguf(model, path, cfg.gguf_type)
+            else:
+                export_gguf(model, path, cfg.gguf_type)
+            return gguf_rows(name, path, p.contexts, decode_tokens=cfg.decode_tokens, reps=cfg.reps,
+                             vocab_size=model.config.vocab_size, threads=cfg.threads or None, gpu_layers=gpu)
+    except Exception as e:  # TcalError (a hybrid the layout cannot hold) included: the other rows stand
+        return [{"model": name, "context": c, "error": speed.error_line(e)} for c in p.contexts]
 
 
 def _floors(speed, weight_bytes: dict) -> dict:
@@ -348,6 +400,7 @@ def bench_markdown(result) -> str:
         grid = _grid(result, key, fmt)
         if grid:
             lines += [f"## {title}", "", *([note, ""] if note else []), *grid, ""]
+    lines += _llama_cpp_section(result)
     gen = [r for r in result["rows"] if r["model"] == "generate"]
     if gen:
         lines += ["## End-to-end generation (hybrid)", "",
@@ -412,6 +465,39 @@ def bench_markdown(result) -> str:
                   + f": {r['error']}" for r in errors]
         lines.append("")
     return "\n".join(lines)
+
+
+def _llama_cpp_section(result) -> list[str]:
+    """The hybrid's llama.cpp decode and prefill against the teacher's, beside the KV-cache bound."""
+    from tcal.evaluate.gguf_speed import flat_part, kv_bound
+
+    by = {(r["model"], r["context"]): r for r in result["rows"] if r.get("engine") == "llama.cpp"}
+    contexts = [c for c in result["settings"]["contexts"]
+                if ("teacher-llama.cpp", c) in by and ("hybrid-llama.cpp", c) in by]
+    if not contexts:
+        return []
+    m, s = result["model"], result["settings"]
+    share = len(m["attention_layers"]) / m["num_layers"]
+    t = {c: by[("teacher-llama.cpp", c)]["decode_ms"] for c in contexts}
+    h = {c: by[("hybrid-llama.cpp", c)]["decode_ms"] for c in contexts}
+    bound, flat = kv_bound(t, share), flat_part(h, t, share)
+    first = by[("hybrid-llama.cpp", contexts[0])]
+    where = "GPU (every layer offloaded)" if first["gpu_layers"] else f"CPU, {first['threads']} threads"
+    lines = ["## llama.cpp: hybrid against teacher", "",
+             f"{s['gguf_type']} GGUFs of the same weights, the teacher in llama.cpp's architecture for its family and "
+             f"the hybrid in the Qwen3.5 layout (qwen35), run by llama.cpp on the {where}, f16 KV cache, batch 1; "
+             f"medians of {s['reps']} pass(es). "
+             f"KV bound: the teacher's step at {_ctx(contexts[0])} stands for what does not grow with the context, "
+             f"and the hybrid reads {share:.0%} of the rest (the share of layers it keeps as attention). Flat part: "
+             "the hybrid's step minus that share of the teacher's growth, i.e. its GDN layers, MLPs and weights; it "
+             "stays constant where the GDN step does not grow with the context.", "",
+             "| context | teacher decode (ms) | hybrid decode (ms) | speed-up | KV bound | hybrid flat part (ms) | "
+             "teacher prefill (tok/s) | hybrid prefill (tok/s) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in contexts:
+        lines.append(f"| {_ctx(c)} | {t[c]:.2f} | {h[c]:.2f} | {t[c] / h[c]:.2f}x | {bound[c]:.2f}x | {flat[c]:.2f} | "
+                     f"{by[('teacher-llama.cpp', c)]['prefill_tok_s']:,.0f} | "
+                     f"{by[('hybrid-llama.cpp', c)]['prefill_tok_s']:,.0f} |")
+    return lines + [""]
 
 
 def summary(result) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tcal.conversion.inits import INITS
 from tcal.conversion.policy import POLICIES
+from tcal.conversion.target import DEFAULT_TARGET, TARGET_HELP, TARGETS
 from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 
@@ -20,6 +21,7 @@ class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceAr
     keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28", KEEP_HELP)
     init: str = arg("taylor", "initialisation of the GDN layers: " + ", ".join(INITS) +
                     " (docs/method.md says what each does)")
+    target: str = arg(DEFAULT_TARGET, TARGET_HELP, choices=TARGETS)
     out: str = arg("runs/convert", "output directory (written atomically)")
     dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
     seed: int = arg(0, "seed for the random parts of the initialisation")
@@ -80,7 +82,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
         calib_window=window, calib_windows=windows, progress=cfg.progress and world.is_main(),
-        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate,
+        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, target=cfg.target,
         **({"align": AlignConfig(**align)} if spec.calibrated else {}),
         **({"kl": KLConfig(**kl)} if spec.kl else {}),
     )
@@ -88,7 +90,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     timings["convert_s"] = time.perf_counter() - t0
     if not world.is_main():  # every rank holds the same hybrid; rank 0 evaluates and writes it
         return out
-    report = {"teacher": cfg.teacher, "init": cfg.init, "layer_types": hybrid.config.layer_types,
+    report = {"teacher": cfg.teacher, "init": cfg.init, "target": cfg.target, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
               "calibration": record.get("calibration") and {**record["calibration"], "budget": budget, "align": align,
                                                                  **({"kl": kl} if spec.kl else {})}}
@@ -119,6 +121,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
     lt = report["layer_types"]
     lines = [f"# tcal convert: {cfg.teacher} -> hybrid ({cfg.init})", "",
+             f"- layout: {cfg.target}" + (" (exports to the Qwen3.5 layout with `tcal export`)"
+                                          if cfg.target == "qwen3_5" else ""),
              f"- attention kept at {[i for i, t in enumerate(lt) if t != 'linear_attention']}, "
              f"{lt.count('linear_attention')}/{len(lt)} layers converted to Gated DeltaNet"]
     if report.get("calibration"):

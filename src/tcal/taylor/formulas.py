@@ -50,6 +50,24 @@ def exact_b_bias(w_b: torch.Tensor, x_mean: torch.Tensor, target_logit: torch.Te
     return target_logit.float().to(w_b.device) - w_b.float() @ x_mean.float().to(w_b.device)
 
 
+def exact_b_weight(w_b: torch.Tensor, x: torch.Tensor, target_logit: torch.Tensor, ridge: float = 1e-4) -> torch.Tensor:
+    """W_b' for a b_proj without a bias: the linear map closest, by least squares over the calibration
+    inputs x (N, D), to the exact write gate W_b x + b_b of :func:`exact_b_bias`.
+
+    W_b' = W_b + c s^T with c = logit(beta*) - W_b mean(x) (H,) and s (D,) the ridge regression of the
+    constant 1 on x, s = (X^T X + lambda I)^-1 X^T 1 (lambda = ``ridge`` times the mean eigenvalue of X^T X):
+    one solve serves every head, since each head adds its own multiple of the same constant. The mean
+    logit then equals logit(beta*) as far as a linear function of x can hold a constant; the realised
+    mean is measured by the caller.
+    """
+    X = x.reshape(-1, x.shape[-1]).double()
+    gram = X.T @ X
+    lam = ridge * float(gram.diagonal().mean().clamp_min(1e-30))
+    s = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device), X.sum(0))
+    c = exact_b_bias(w_b, X.mean(0), target_logit).double()
+    return (w_b.double() + c[:, None] * s[None, :].to(c.device)).to(w_b.dtype)
+
+
 def ols_scale(target: torch.Tensor, pred: torch.Tensor, clip: tuple[float, float] | None = (0.1, 10.0)):
     """Per-head least-squares scale of ``pred`` onto ``target``, both (..., H, d).
 

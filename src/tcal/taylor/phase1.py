@@ -19,7 +19,8 @@ switch of :class:`Phase1Options` (so each effect can be measured):
                  halves after exactly d_h tokens (the reference's random W_a perturbs r_h per
                  token).
     exact_beta   W_b kept, b_b = logit(beta*_h) - mean_t(W_b x_t): the mean pre-sigmoid logit
-                 over the calibration tokens equals logit(beta*_h) exactly.
+                 over the calibration tokens equals logit(beta*_h) exactly. A b_proj without a
+                 bias (the qwen3_5 target) gets the closest linear map instead (exact_b_weight).
     sigma_where  Where the per-head value scale goes. The gated RMSNorm divides o_h by its own
                  RMS, so a per-head factor on v (hence on o: the recurrence is linear in v)
                  cancels up to eps.
@@ -72,6 +73,7 @@ from tcal.taylor.formulas import (
     decay_rate,
     dt_bias_for_distance,
     exact_b_bias,
+    exact_b_weight,
     logit,
     ols_scale,
     reference_b_weight,
@@ -259,7 +261,9 @@ def calibrate_layer(gdn: GatedDeltaNet, stats: LayerStats, io: LayerIO, opts: Ph
     conc = torch.tensor(stats.concentration(opts.concentration), dtype=torch.float32)
     beta_star = target_beta(conc, opts.beta_base, opts.beta_span)
     tl = logit(beta_star)
-    if opts.exact_beta:
+    if opts.exact_beta and gdn.b_proj.bias is None:  # a layout without the bias: fold it into W_b
+        gdn.b_proj.weight.copy_(exact_b_weight(gdn.b_proj.weight, xf, tl.to(dev)).to(gdn.b_proj.weight))
+    elif opts.exact_beta:
         x_mean = xf.reshape(-1, xf.shape[-1]).mean(0)
         gdn.b_proj.bias.copy_(exact_b_bias(gdn.b_proj.weight, x_mean, tl).to(gdn.b_proj.bias))
     else:

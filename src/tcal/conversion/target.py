@@ -1,0 +1,70 @@
+"""Conversion targets: which layout a hybrid is built to fit (plain data, no torch).
+
+``native``: tcal's own hybrid (the teacher's modeling code with GDN layers swapped in); it runs where
+``import tcal`` runs. ``qwen3_5``: a hybrid that the Qwen3.5 dense layout expresses exactly, so that
+``tcal export`` can hand it to the engines that run that layout (transformers without tcal, vLLM,
+SGLang, llama.cpp). What the target changes, and why:
+
+- GDN layers carry no bias and no q/k RMSNorm (the layout's ``in_proj_*`` have no bias and its GDN
+  normalises q and k only by their l2 norm). Phase 1's exact write gate then folds its bias into
+  ``b_proj``'s weights (:func:`tcal.taylor.formulas.exact_b_weight`). A teacher's q/k/v biases and q/k norm
+  weights are not carried into the GDN layers; Phase 2 fits the layers without them.
+- Every RMSNorm takes eps 1e-6 (:data:`LAYOUT_EPS`). The layout has one eps for all its norms, and
+  the engines disagree on the l2 norm of q and k inside the GDN kernel: transformers, fla and vLLM add
+  1e-6, llama.cpp adds the model's RMSNorm eps. With 1e-6 everywhere every engine computes the same model.
+- Kept attention layers stay the teacher's; the export maps them (a zero output gate with o_proj x 2,
+  and q/k RMSNorm made linear where the teacher has none: :mod:`tcal.export.qwen3_5`).
+"""
+from __future__ import annotations
+
+from tcal.utils.errors import TcalError
+
+TARGETS = ("native", "qwen3_5")
+# the default since it measured as good as native at every budget (docs/results.md, "Serving layout")
+DEFAULT_TARGET = "qwen3_5"
+LAYOUT_EPS = 1e-6
+
+TARGET_HELP = ("layout the hybrid is built for: qwen3_5 (the Qwen3.5 dense layout that transformers, vLLM, SGLang and "
+               "llama.cpp run; export it with tcal export) or native (tcal's own, which carries a teacher's q/k/v "
+               "biases and q/k norms into the GDN layers; runs where tcal is imported)")
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise TcalError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    return target
+
+
+def layout_blocker(config) -> str | None:
+    """Why the Qwen3.5 layout cannot express a model of this teacher config (one line), or None.
+
+    The layout's MLP and GDN conv both take ``hidden_act`` (SiLU), its MLP has no bias and its attention
+    no sliding window."""
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        return f"the teacher's activation is {act!r}; the Qwen3.5 layout uses SiLU in its MLP and GDN layers"
+    if getattr(config, "mlp_bias", False):
+        return "the teacher's MLP has biases (mlp_bias=True); the Qwen3.5 layout's MLP has none"
+    window = getattr(config, "sliding_window", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    # a window as long as the model's positions never slides
+    windowed = window is not None and getattr(config, "use_sliding_window", True) and not (limit and window >= limit)
+    if windowed or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return (f"the teacher's attention uses a sliding window ({window} tokens); the Qwen3.5 layout has none "
+                "(set sliding_window to null in the teacher's config.json if the model works without it)")
+    return None
+
+
+def target_options(target: str, config) -> tuple[dict, dict]:
+    """(HybridConfig gdn_* options, teacher-config overrides) that build a hybrid for ``target``.
+
+    The native target changes nothing. Raises a TcalError when the teacher cannot be expressed."""
+    check_target(target)
+    if target == "native":
+        return {}, {}
+    blocker = layout_blocker(config)
+    if blocker:
+        raise TcalError(f"--target qwen3_5: {blocker}; convert with --target native")
+    gdn = dict(gdn_qkv_bias=False, gdn_o_bias=False, gdn_qk_norm=False, gdn_beta_bias=False,
+               gdn_output_gate=True, gdn_norm_eps=LAYOUT_EPS)
+    return gdn, {"rms_norm_eps": LAYOUT_EPS}

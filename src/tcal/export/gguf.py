@@ -1,0 +1,281 @@
+"""A Qwen3.5-layout model as a llama.cpp GGUF of architecture ``qwen35``, written with the ``gguf`` package.
+
+Input: the layout's config and state dict (:mod:`tcal.export.qwen3_5`, transformers' names, zero-centred
+norms). Output: llama.cpp's names and conventions, as its ``qwen35`` loader reads them: norm weights stored
+whole (w, not w - 1) except the GDN's gated norm, which is w already; ``ssm_a`` = -exp(A_log); the conv
+filter as (channels, width); the per-layer ``attention.recurrent_layers`` array, plus
+``full_attention_interval`` when the placement is Qwen's periodic one.
+
+Tensor types (``FILE_TYPES``): 1-D tensors, the conv filter and the small gate projections (``ssm_alpha``,
+``ssm_beta``) stay f32; the attention q/k weights that carry a linearised norm's power-of-two scale are bf16 in
+f16 and q8_0 files (fp16 and q8_0's f16 block scales flush them to zero; bf16 holds 2^-k W as exactly as W);
+everything else takes the file's type (q8_0 where a row is a whole number of 32-value blocks, f16 otherwise).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tcal.export.vocab import GGUFVocab
+from tcal.utils.errors import TcalError
+
+ARCH = "qwen35"
+FILE_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+_ZERO_CENTRED = ("attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+                 "output_norm.weight")
+_KEEP_F32 = ("ssm_conv1d.weight", "ssm_alpha.weight", "ssm_beta.weight")
+
+
+def gguf_name(name: str) -> str:
+    """transformers' tensor name in the layout -> llama.cpp's."""
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    parts = name.split(".", 3)
+    if parts[:2] == ["model", "layers"] and len(parts) == 4 and parts[3] in _LAYER_NAMES:
+        return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
+    raise TcalError(f"{name}: llama.cpp's qwen35 has no tensor for it; export --format hf instead")
+
+
+def _periodic_interval(recurrent: list[bool]) -> int | None:
+    """k where layer i is recurrent exactly when (i + 1) % k != 0 (the placement Qwen's own models use)."""
+    for k in range(2, len(recurrent) + 1):
+        if all(r == bool((i + 1) % k) for i, r in enumerate(recurrent)):
+            return k
+    return None
+
+
+def _tensor_type(gname: str, t: torch.Tensor, file_type: str, scaled: bool):
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    if t.dim() == 1 or gname.endswith(_KEEP_F32) or file_type == "f32":
+        return Q.F32
+    if scaled:  # bf16 has f32's exponent range: it holds 2^-k W as exactly as it holds W
+        return Q.BF16
+    if file_type == "q8_0":
+        return Q.Q8_0 if t.shape[-1] % 32 == 0 else Q.F16
+    return {"f16": Q.F16, "bf16": Q.BF16}[file_type]
+
+
+@contextlib.contextmanager
+def _quiet_writer():
+    """The gguf package logs every file it writes at INFO; tcal reports what it wrote itself."""
+    logger = logging.getLogger("gguf")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _add(w, gname: str, t: torch.Tensor, qtype):
+    """Add one tensor to the writer in ``qtype``; returns ``qtype``."""
+    import gguf
+
+    data = t.contiguous().numpy().astype(np.float32)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor(gname, data)
+    elif qtype == gguf.GGMLQuantizationType.F16:
+        w.add_tensor(gname, data.astype(np.float16))
+    else:
+        w.add_tensor(gname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    return qtype
+
+
+def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vocab: GGUFVocab, file_type: str,
+               *, name: str = "tcal hybrid", scaled: tuple[str, ...] = (), progress: bool = False) -> dict:
+    """Write ``path``; returns {gguf tensor name: type name}. ``scaled``: transformers names of the tensors that
+    carry a linearised norm's scale (kept f32 where the file type cannot hold them)."""
+    import gguf
+
+    if file_type not in FILE_TYPES:
+        raise TcalError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    rope = config["rope_parameters"]
+    if rope.get("rope_type", "default") != "default":
+        raise TcalError(f"the teacher's RoPE is {rope['rope_type']!r}; llama.cpp's qwen35 applies no RoPE scaling: "
+                        "export --format hf instead")
+    L = config["num_hidden_layers"]
+    recurrent = [t == "linear_attention" for t in config["layer_types"]]
+    with _quiet_writer():
+        w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_name(name)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[file_type])
+    if file_type == "q8_0":
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(L)
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_key_length(config["head_dim"])
+    w.add_value_length(config["head_dim"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_rope_dimension_count(int(config["head_dim"] * rope["partial_rotary_factor"]))
+    w.add_rope_dimension_sections([*rope["mrope_section"], 0])
+    w.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(config["linear_key_head_dim"])
+    w.add_ssm_group_count(config["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(config["linear_num_value_heads"])
+    w.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
+    w.add_array(f"{ARCH}.attention.recurrent_layers", recurrent)
+    interval = _periodic_interval(recurrent)
+    if interval:
+        w.add_full_attention_interval(interval)
+    w.add_uint32(f"{ARCH}.vocab_size", config["vocab_size"])
+    for key, value, vtype, sub in vocab.keys:
+        w.add_key_value(key, value, gguf.GGUFValueType[vtype], sub_type=gguf.GGUFValueType[sub] if sub else None)
+
+    from tqdm.auto import tqdm
+
+    types = {}
+    for hf_name, t in tqdm(state_dict.items(), desc=f"GGUF {file_type}", unit="tensor", disable=not progress,
+                           leave=False):
+        if hf_name.endswith("self_attn.o_proj.bias"):  # the layout's bias flag adds it; zero unless the teacher has one
+            if bool(t.ne(0).any()):
+                raise TcalError(f"{hf_name}: llama.cpp's qwen35 has no attention output bias; export --format hf")
+            continue
+        gname = gguf_name(hf_name)
+        t = t.detach().float().cpu()
+        if gname.endswith(_ZERO_CENTRED):
+            t = t + 1.0
+        elif gname.endswith("ssm_a"):
+            t = -t.exp()
+        elif gname.endswith("ssm_conv1d.weight"):
+            t = t.squeeze(1)
+        types[gname] = _add(w, gname, t, _tensor_type(gname, t, file_type, hf_name in scaled)).name
+    with _quiet_writer():
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=False)
+        w.close()
+    return types
+
+
+def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = None, *, name: str = "tcal hybrid",
+                progress: bool = False):
+    """A tcal hybrid as a GGUF at ``path``; returns
+    (its :class:`~tcal.export.qwen3_5.Layout`, {tensor: type})."""
+    from tcal.export.qwen3_5 import check_layout, to_qwen3_5
+    from tcal.export.vocab import no_vocab
+
+    check_layout(model, "gguf")
+    layout = to_qwen3_5(model)
+    types = write_gguf(path, layout.config, layout.state_dict, vocab or no_vocab(), file_type, name=name,
+                       scaled=layout.scaled, progress=progress)
+    return layout, types
+
+
+# a teacher in llama.cpp's own architecture for its family (the llama.cpp rows of tcal bench time it beside its hybrid)
+TEACHER_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_TEACHER_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _interleave_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """transformers' rotate-half RoPE rows -> the pairwise order llama.cpp's ``llama`` architecture rotates:
+    within each head, row i of the first half and row i of the second half become neighbours."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = False) -> dict:
+    """A plain Llama / Mistral / Qwen2 / Qwen3 teacher as a GGUF of llama.cpp's architecture for its family, without
+    a tokenizer (token ids only). Returns {tensor: type}."""
+    import gguf
+
+    cfg = teacher.config
+    arch = TEACHER_ARCHS.get(cfg.model_type)
+    if arch is None:
+        raise TcalError(f"no llama.cpp architecture for a {cfg.model_type!r} teacher; tcal writes "
+                        f"{', '.join(TEACHER_ARCHS)}")
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise TcalError(f"the teacher's RoPE is {rope['rope_type']!r}; tcal writes GGUFs with plain RoPE only")
+    H, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    with _quiet_writer():
+        w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"{cfg.model_type} teacher")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_key_length(d)
+    w.add_value_length(d)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_rope_dimension_count(d)
+    w.add_uint32(f"{arch}.vocab_size", cfg.vocab_size)
+    w.add_string("tokenizer.ggml.model", "none")
+    from tqdm.auto import tqdm
+
+    types = {}
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    for name, t in tqdm(teacher.state_dict().items(), desc=f"GGUF {file_type}", unit="tensor", disable=not progress,
+                        leave=False):
+        if name == "lm_head.weight" and tied:
+            continue
+        if name in _TOP_NAMES:
+            gname = _TOP_NAMES[name]
+        else:
+            parts = name.split(".", 3)
+            if parts[3] not in _TEACHER_LAYER_NAMES:
+                raise TcalError(f"{name}: llama.cpp's {arch} architecture has no tensor for it")
+            gname = f"blk.{parts[2]}.{_TEACHER_LAYER_NAMES[parts[3]]}"
+        t = t.detach().float().cpu()
+        if arch == "llama" and ".attn_q." in gname:
+            t = _interleave_rope_rows(t, H)
+        elif arch == "llama" and ".attn_k." in gname:
+            t = _interleave_rope_rows(t, KV)
+        qtype = _tensor_type(gname, t, file_type, scaled=False)
+        types[gname] = _add(w, gname, t, qtype).name
+    with _quiet_writer():
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=False)
+        w.close()
+    return types

@@ -1,0 +1,159 @@
+"""`tcal export --format gguf`: llama.cpp (llama-cpp-python) runs the GGUF as the hybrid, for every teacher family;
+its tokenizer is the hybrid's; each file type keeps what it cannot round in f32."""
+import json
+
+import gguf
+import llama_cpp
+import numpy as np
+import pytest
+import torch
+from helpers import assert_close, target_hybrid, tiny_teacher
+
+import tcal
+from tcal.cli import main
+
+
+def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
+    hybrid.save_pretrained(tmp_path / "hybrid")
+    if tok is not None:
+        tok.save_pretrained(tmp_path / "hybrid")
+    code = main([str(a) for a in ("export", tmp_path / "hybrid", "--out", tmp_path / name, "--format", "gguf", *extra)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def llama(path, n_ctx=256):
+    """llama.cpp with an f32 KV cache (its default f16 cache rounds keys and values: the model is what is compared)"""
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=1, type_k=0, type_v=0,
+                           verbose=False)
+
+
+def gguf_logits(path, ids):
+    llm = llama(path)
+    llm.eval(ids)
+    return torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+
+
+def gguf_greedy(path, prompt, n):
+    llm = llama(path)
+    llm.eval(prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out
+
+
+def test_f32_gguf_is_the_hybrid(tmp_path, capsys, family, short_conv):
+    hybrid, _ = target_hybrid(family, short_conv=short_conv)
+    code, err = export(tmp_path, capsys, hybrid, "--gguf-type", "f32")
+    assert code == 0, err
+    path = tmp_path / "exp" / "model-f32.gguf"
+    ids = torch.randint(0, 97, (48,), generator=torch.Generator().manual_seed(7)).tolist()
+    with torch.no_grad():
+        want = hybrid(input_ids=torch.tensor([ids])).logits[0]
+        greedy = hybrid.generate(torch.tensor([ids[:10]]), max_new_tokens=64, do_sample=False, pad_token_id=0)
+    assert_close(gguf_logits(path, ids), want, 1e-5, f"{family} llama.cpp f32 logits")
+    assert gguf_greedy(path, ids[:10], 64) == greedy[0, 10:].tolist()
+
+
+def test_teacher_gguf_in_its_own_architecture(tmp_path, family):
+    """The llama.cpp rows' teacher: Llama and Mistral as llama.cpp's llama (RoPE rows interleaved), Qwen2 and Qwen3
+    as qwen2 / qwen3, with the teacher's logits."""
+    from tcal.export.gguf import write_teacher_gguf
+
+    teacher = tiny_teacher(family)
+    write_teacher_gguf(teacher, tmp_path / "t.gguf", "f32")
+    ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    with torch.no_grad():
+        want = teacher(input_ids=torch.tensor([ids])).logits[0]
+    assert_close(gguf_logits(tmp_path / "t.gguf", ids), want, 1e-5, f"{family} teacher in llama.cpp")
+
+
+def test_gguf_types_and_their_error(tmp_path, capsys):
+    hybrid, _ = target_hybrid("llama")
+    ids = torch.randint(0, 97, (48,), generator=torch.Generator().manual_seed(8)).tolist()
+    with torch.no_grad():
+        want = hybrid(input_ids=torch.tensor([ids])).logits[0]
+    for kind, tol in (("f16", 3e-2), ("bf16", 8e-2), ("q8_0", 8e-2)):
+        code, err = export(tmp_path, capsys, hybrid, "--gguf-type", kind, name=kind)
+        assert code == 0, err
+        types = json.loads((tmp_path / kind / "export.json").read_text())["tensor_types"]
+        # fp16 (and q8_0's fp16 block scales) would flush the q/k weights' 2^-k scale to zero; bf16 holds it
+        assert types["blk.0.attn_q.weight"] == types["blk.0.attn_k.weight"] == "BF16"
+        assert types["blk.1.ssm_conv1d.weight"] == "F32" and types["blk.1.ssm_norm.weight"] == "F32"
+        assert types["blk.1.attn_qkv.weight"] == {"f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}[kind]
+        assert_close(gguf_logits(tmp_path / kind / f"model-{kind}.gguf", ids), want, tol, f"llama.cpp {kind} logits")
+
+
+def test_gguf_placement_keys(tmp_path, capsys):
+    hybrid, _ = target_hybrid("llama", num_hidden_layers=8)  # attention kept at 0 and 2: not Qwen's periodic layout
+    assert export(tmp_path, capsys, hybrid, "--gguf-type", "f32")[0] == 0
+    r = gguf.GGUFReader(str(tmp_path / "exp" / "model-f32.gguf"))
+    assert r.fields["general.architecture"].contents() == "qwen35"
+    assert r.fields["qwen35.attention.recurrent_layers"].contents() == [i not in (0, 2) for i in range(8)]
+    assert "qwen35.full_attention_interval" not in r.fields
+    from tcal.export.gguf import _periodic_interval
+
+    assert _periodic_interval([True, True, True, False] * 2) == 4 and _periodic_interval([False, True] * 2) is None
+
+
+def byte_bpe_tokenizer(vocab_size=320):
+    """A byte-level BPE tokenizer trained on a few sentences, with Llama 3's pre-tokenizer regex."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tcal.export.vocab import _SPLIT_PRE
+
+    regex = next(r for r, n in _SPLIT_PRE.items() if n == "llama-bpe")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    text = ["The river rose through the night, and by morning the old bridge was under water.",
+            "In 1771 the flood took every bridge on the Tyne but one; 23 people died.", "the cat sat on the mat"] * 20
+    tk.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|end|>"],
+                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|end|>")
+
+
+def test_gguf_tokenizer_from_a_transformers_tokenizer(tmp_path, capsys):
+    tok = byte_bpe_tokenizer()
+    hybrid, _ = target_hybrid("llama", vocab_size=len(tok))
+    code, err = export(tmp_path, capsys, hybrid, "--gguf-type", "f32", tok=tok)
+    assert code == 0, err
+    rec = json.loads((tmp_path / "exp" / "export.json").read_text())
+    assert rec["check"]["tokenizer"] == "same ids" and "pre-tokenizer llama-bpe" in rec["tokenizer"]
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "exp" / "model-f32.gguf"), vocab_only=True, verbose=False)
+    for text in ("the cat sat on the old bridge", "In 1771, 23 floods!", " leading  spaces\nand lines"):
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_gguf_bad_input(tmp_path, capsys, monkeypatch):
+    def one_error(message, hybrid, *extra):
+        code, err = export(tmp_path, capsys, hybrid, *extra)
+        lines = [line for line in err.splitlines() if line.startswith("tcal: error: ")]
+        assert code == 2 and len(lines) == 1 and message in lines[0], err
+        assert not (tmp_path / "exp").exists()
+
+    teacher = tiny_teacher("llama", attention_bias=True)  # an attention output bias llama.cpp's qwen35 has not
+    one_error("self_attn.o_proj.bias: llama.cpp's qwen35 has no attention output bias",
+              tcal.convert(teacher, keep=[0, 2], init="copy", target="qwen3_5"), "--gguf-type", "f32")
+    scaled = tiny_teacher("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    one_error("RoPE is 'linear'; llama.cpp's qwen35 applies no RoPE scaling",
+              tcal.convert(scaled, keep=[0, 2], init="copy", target="qwen3_5"))
+    hybrid, _ = target_hybrid("llama")
+    one_error("--gguf-vocab", hybrid, "--gguf-vocab", tmp_path / "nope.gguf")
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_llama_cpp(name, *a, **k):
+        if name == "llama_cpp":
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    one_error("pip install 'tcal[gguf]'", hybrid)
+    assert export(tmp_path, capsys, hybrid, "--no-check")[0] == 0  # writing needs only the gguf package
