@@ -1,6 +1,6 @@
 """Zero-shot held-out PPL against calibration tokens, per init, from the rows of `calib_sweep.py run`.
 
-    python bench/calib_curve.py bench/results/h200-*/**/sweep*.jsonl --keep 50 --calib mix --out DIR
+    python bench/calib_curve.py bench/results/2026-12-03-calibration-budget/sweep_*.jsonl --keep 50 --calib mix --out DIR
 
 Writes DIR/calib_curve.png (one panel per evaluation domain) and DIR/calib_curve.md (the points, with each
 conversion's wall time and the file it came from). Per (init, budget) it takes the row whose KL stage ran the
@@ -18,9 +18,16 @@ from calib_sweep import BUDGETS
 
 from tcal.report.plots import plot_calib_budget
 
-# the sweep's method names -> the names a user types (README)
-NAMES = {"tes-kl": "taylor", "tes": "taylor-exact-silent", "taylor-reference": "taylor-reference", "phase2": "phase2",
-         "p2-kl": "phase2 + KL stage", "tes-seq": "exact-silent, sequential", "tes-seq-kl": "taylor, sequential"}
+# Rows name their init as the registry does (tcal.conversion.inits), with ", ALIGN" for another Phase-2 fit. Older
+# sweep files used short names of their own: those -> the names a user types (tcal.conversion.inits)
+NAMES = {"tes-kl": "taylor", "tes": "taylor-exact-silent", "p2-kl": "phase2 + KL stage",
+         "tes-seq": "taylor-exact-silent, sequential", "tes-res": "taylor-exact-silent, residual",
+         "p2-seq": "phase2, sequential", "tes-seq-kl": "taylor, sequential"}
+
+
+def init_label(row: dict) -> str:
+    name = NAMES.get(row["method"], row["method"])
+    return f"{name}, {row['align']}" if row.get("align") else name
 
 
 def budget_tokens(row: dict) -> int:
@@ -49,7 +56,7 @@ def pick_points(files: list[tuple[str, list[dict]]], keep: str, calib: str) -> t
                 continue
             if r.get("error") or not r.get("ppl") or r.get("keep") != keep or r.get("calib") != calib:
                 continue
-            init = NAMES.get(r["method"], r["method"])
+            init = init_label(r)
             t = budget_tokens(r)
             old = points.setdefault(init, {}).get(t)
             if old is None or kl_steps_run(r) >= kl_steps_run(old[0]):

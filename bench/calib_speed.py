@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from shapes import SHAPES, random_model
+from tcal.models.shapes import SHAPES, random_model
 
 
 def main() -> None:
@@ -42,9 +42,8 @@ def main() -> None:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep, parse_policy, uniform_layers
-    from tcal.taylor.kl_stage import KLConfig
-    from tcal.taylor.phase2 import AlignConfig
     from tcal.taylor import pipeline
+    from tcal.taylor.config import AlignConfig, KLConfig
     from tcal.taylor.pipeline import prepare
 
     if args.group_bytes is not None:

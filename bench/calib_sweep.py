@@ -1,6 +1,6 @@
-"""Taylor-Calibrate method and budget sweep on the real teacher: which Phase-2 fit (layer-local,
-sequential, residual-stream target, + KL stage), how many calibration tokens, which calibration
-text, at 50 % and 73 % converted, each scored on three held-out domains.
+"""Taylor-Calibrate method and budget sweep on the real teacher: which init (the registry's names,
+tcal.conversion.inits) and which Phase-2 fit (layer-local, sequential, residual-stream target), how many
+calibration tokens, which calibration text, at 50 % and 73 % converted, each scored on three held-out domains.
 
 Two steps, because the GPU machine reaches no registry and has no tokenizer cache:
 
@@ -15,6 +15,7 @@ Data roles: calibration from ``*:calib`` splits only (``wiki`` = wiki:calib; ``m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -28,63 +29,62 @@ BUDGETS = {"1k": (4, 256), "4k": (8, 512), "16k": (32, 512), "64k": (128, 512), 
 # tokens per Phase 2 / KL-stage step at 512-token windows; longer windows take fewer of them per step
 ALIGN_TOKENS, KL_TOKENS = 16 * 512, 8 * 512
 # niah15: the 15 layers whose attention carries retrieval on the teacher (`tcal convert --keep niah:15`,
-# scored on sotu:calib prompts; README, "Retrieval-aware selection")
+# scored on sotu:calib prompts; docs/results.md, *Layer selection*)
 KEEP = {"50": list(range(0, 30, 2)), "73": list(range(0, 30, 4)),
         "niah15": [0, 1, 2, 8, 15, 16, 18, 19, 20, 21, 23, 24, 27, 28, 29],
         # niah15 with layer 7 kept instead of 27: the layer whose attention the CPU niah15 hybrid's retrieval needed
-        # most at 2K (bench/revert_layers.py; bench/results/cpu-2026-12-02/revert-layers/)
+        # most at 2K (bench/results/2026-12-02-retrieval-layer-revert/)
         "niah15-7": [0, 1, 2, 7, 8, 15, 16, 18, 19, 20, 21, 23, 24, 28, 29],
-        # and layer 4 for 28: the layer revert_layers found the layer-7 set's retrieval needed most (CPU: 2.5 % lower
-        # PPL, passkey within noise; bench/results/cpu-2026-12-02/swap-4-for-28/)
+        # and layer 4 for 28: the layer the same revert test found the layer-7 set's retrieval needed most (CPU: 2.5 % lower
+        # PPL, passkey within noise; bench/results/2026-12-02-retrieval-layer-revert/swap-4-for-28/)
         "niah15-7-4": [0, 1, 2, 4, 7, 8, 15, 16, 18, 19, 20, 21, 23, 24, 29]}
-BUILTIN_KEEPS = tuple(KEEP)  # `run --keep-file NAME=FILE` adds a set made on the machine (bench/niah_rank.py)
+BUILTIN_KEEPS = tuple(KEEP)  # `run --keep-file NAME=FILE` adds a set made on the machine (`tcal convert --keep niah:K`'s selection.json)
 
-# name -> (phase1 variant or None, align mode, KL stage)
-METHODS = {
-    "phase2": (None, "local", False),
-    "taylor-reference": ("reference", "local", False),
-    "tes": ("exact-silent", "local", False),
-    "tes-seq": ("exact-silent", "sequential", False),
-    "tes-res": ("exact-silent", "residual", False),
-    "p2-seq": (None, "sequential", False),
-    "tes-kl": ("exact-silent", "local", True),
-    "tes-seq-kl": ("exact-silent", "sequential", True),
-    "p2-kl": (None, "local", True),
-}
+# (init, Phase-2 fit): an init of the registry as registered (None), or with its Phase 2 fitting the layers
+# another way (InitSpec.align). Phase 2 + KL stage alone is no init of the registry and no job here.
+METHODS = [("phase2", None), ("taylor-reference", None), ("taylor-exact-silent", None),
+           ("taylor-exact-silent", "sequential"), ("taylor-exact-silent", "residual"), ("phase2", "sequential"),
+           ("taylor", None), ("taylor", "sequential")]
+
+
+def jobs_of(methods, **job) -> list[dict]:
+    """One job per (init, Phase-2 fit) of ``methods``; ``job`` the rest of each (keep, calib, budget...)."""
+    return [{**job, "method": init, **({"align": align} if align else {})} for init, align in methods]
 
 
 def job_sets() -> dict[str, list[dict]]:
     """Named job lists; a worker takes every n-th job, so the long ones come first."""
-    methods16 = [dict(keep=k, method=m, calib="wiki", budget="16k") for k in ("73", "50") for m in METHODS]
-    methods1 = [dict(keep=k, method=m, calib="wiki", budget="1k") for k in ("73", "50") for m in METHODS
-                if m != "p2-kl"]
-    mix = [dict(keep="50", method=m, calib="mix", budget="16k") for m in ("phase2", "tes", "tes-seq", "tes-seq-kl")]
-    curve = [dict(keep="50", method=m, calib="mix", budget=b) for b in ("1m", "256k", "64k", "4k", "1k")
-             for m in ("phase2", "tes-seq", "tes-seq-kl")]
-    # every combination, largest budgets first; pick a slice with --methods/--keeps/--budgets/--calibs
-    grid = [dict(keep=k, method=m, calib=c, budget=b) for b in reversed(BUDGETS) for k in KEEP for c in CALIB
-            for m in METHODS]
+    methods16 = [j for k in ("73", "50") for j in jobs_of(METHODS, keep=k, calib="wiki", budget="16k")]
+    methods1 = [j for k in ("73", "50") for j in jobs_of(METHODS, keep=k, calib="wiki", budget="1k")]
+    mix = jobs_of([("phase2", None), ("taylor-exact-silent", None), ("taylor-exact-silent", "sequential"),
+                   ("taylor", "sequential")], keep="50", calib="mix", budget="16k")
+    curve = [j for b in ("1m", "256k", "64k", "4k", "1k")
+             for j in jobs_of([("phase2", None), ("taylor-exact-silent", "sequential"), ("taylor", "sequential")],
+                              keep="50", calib="mix", budget=b)]
+    # every combination, largest budgets first; pick a slice with --methods/--aligns/--keeps/--budgets/--calibs
+    grid = [j for b in reversed(BUDGETS) for k in KEEP for c in CALIB
+            for j in jobs_of(METHODS, keep=k, calib=c, budget=b)]
     # the long KL stage at the GPU budget: both ratios and the retrieval layers; phase2 at 73 % to compare with
-    long_kl = [dict(keep=k, method="tes-kl", calib="mix", budget="256k", kl_steps=300) for k in ("50", "niah15", "73")]
+    long_kl = [dict(keep=k, method="taylor", calib="mix", budget="256k", kl_steps=300) for k in ("50", "niah15", "73")]
     long_kl.append(dict(keep="73", method="phase2", calib="mix", budget="256k"))
     # twice the KL steps at 256K, then the 1M-token end of the curve (phase2 and taylor)
-    longer_kl = [dict(keep="50", method="tes-kl", calib="mix", budget=b, kl_steps=600) for b in ("256k", "1m")]
+    longer_kl = [dict(keep="50", method="taylor", calib="mix", budget=b, kl_steps=600) for b in ("256k", "1m")]
     longer_kl.append(dict(keep="50", method="phase2", calib="mix", budget="1m"))
     # the 1M-token point with the KL stage's steps scaled with the data (600 steps read 2.4 epochs of 1M tokens)
-    kl_1m = [dict(keep="50", method="tes-kl", calib="mix", budget="1m", kl_steps=1200)]
+    kl_1m = [dict(keep="50", method="taylor", calib="mix", budget="1m", kl_steps=1200)]
     # retrieval beyond the calibration length: the same 256K tokens in 2K-token windows (the quality step's
     # passkey then says whether the GDN layers keep up with the kept attention beyond 1K)
-    long_window = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
+    long_window = [dict(keep=k, method="taylor", calib="mix", budget="256k-2k", kl_steps=300) for k in ("niah15", "50")]
     # the same 256K tokens in 4K-token windows, the longest passkey length tested (the teacher's context is 8K)
-    long_window4k = [dict(keep=k, method="tes-kl", calib="mix", budget="256k-4k", kl_steps=300)
+    long_window4k = [dict(keep=k, method="taylor", calib="mix", budget="256k-4k", kl_steps=300)
                      for k in ("niah15", "50", "niah15-7", "niah15-7-4") + tuple(k for k in KEEP if k not in BUILTIN_KEEPS)]
     # 73 % converted at the GPU budget: taylor (300 KL steps) against phase2 on the same tokens
-    ratio73 = [dict(keep="73", method="tes-kl", calib="mix", budget="256k", kl_steps=300),
+    ratio73 = [dict(keep="73", method="taylor", calib="mix", budget="256k", kl_steps=300),
                dict(keep="73", method="phase2", calib="mix", budget="256k")]
     return {"grid": grid, "methods16": methods16, "long-kl": long_kl, "longer-kl": longer_kl, "kl-1m": kl_1m,
             "long-window": long_window, "long-window-4k": long_window4k, "ratio73": ratio73,
             "mix": mix, "methods1": methods1, "curve": curve,
-            "smoke": [dict(keep="50", method="tes-seq-kl", calib="wiki", budget="1k")]}
+            "smoke": jobs_of([("taylor", "sequential")], keep="50", calib="wiki", budget="1k")}
 
 
 def tokens_step(args) -> None:
@@ -111,7 +111,7 @@ def tokens_step(args) -> None:
 
 
 def align_for(budget: str, steps: int):
-    from tcal.taylor.phase2 import AlignConfig
+    from tcal.taylor.config import AlignConfig
 
     n, w = BUDGETS[budget]
     if budget == "1k":  # the reference protocol: full-batch steps, held-out check every step
@@ -125,11 +125,20 @@ def kl_steps_run(job: dict, kl_steps: int, kl_steps_all: int | None = None) -> i
     return job.get("kl_steps", kl_steps) if kl_steps_all is None else kl_steps_all
 
 
+def init_spec(job: dict):
+    """The job's init: the registry's, with the job's Phase-2 fit if it names one."""
+    from tcal.conversion.inits import get_init
+
+    spec = get_init(job["method"])
+    align = job.get("align")
+    return dataclasses.replace(spec, name=f"{spec.name}-{align}", align=align) if align else spec
+
+
 def job_name(job: dict, kl_steps: int, kl_steps_all: int | None = None) -> str:
-    # the steps the stage ran (before session 20 names kept the job's own under --kl-steps-all)
-    kl = f"-kl{kl_steps_run(job, kl_steps, kl_steps_all)}" if METHODS[job["method"]][2] else ""
+    # with the steps the KL stage ran: under --kl-steps-all those, not the job's own
+    kl = f"-kl{kl_steps_run(job, kl_steps, kl_steps_all)}" if init_spec(job).kl else ""
     recall = f"-recall{round(100 * job['kl_recall'])}" if kl and job.get("kl_recall") else ""
-    return f"{job['keep']}-{job['method']}-{job['calib']}-{job['budget']}{kl}{recall}"
+    return f"{job['keep']}-{init_spec(job).name}-{job['calib']}-{job['budget']}{kl}{recall}"
 
 
 def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: int = 300, kl_steps: int = 100,
@@ -138,15 +147,11 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     import torch
 
     from tcal.conversion.convert import convert_with_record
-    from tcal.conversion.inits import INITS, InitSpec, register_init
     from tcal.evaluate.perplexity import window_ppl
-    from tcal.taylor.kl_stage import KLConfig
+    from tcal.taylor.config import KLConfig
     from tcal.taylor.pipeline import prepare
 
-    phase1, align_mode, kl = METHODS[job["method"]]
-    name = f"sweep-{job['method']}"
-    if name not in INITS:
-        register_init(InitSpec(name, "sweep", calibrated=True, phase1=phase1, phase2=True, align=align_mode, kl=kl))
+    spec = init_spec(job)
     path = tokens / f"calib-{job['calib']}-{job['budget']}.npy"
     if not path.exists():
         return {**job, "error": f"no calibration tokens {path.name}"}
@@ -156,13 +161,13 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     align = align_for(job["budget"], steps)
     t0 = time.perf_counter()
     cal = prepare(teacher, ids, gdn, heldout_frac=align.heldout_frac, max_heldout=align.heldout_max_sequences,
-                  statistics=phase1 is not None, device=device)
+                  statistics=spec.phase1 is not None, device=device)
     prep_s = time.perf_counter() - t0
     kl_batch = 3 if job["budget"] == "1k" else max(1, KL_TOKENS // BUDGETS[job["budget"]][1])
     kl_cfg = KLConfig(steps=kl_steps_run(job, kl_steps, kl_steps_all),
                       batch_size=kl_batch, eval_every=5, patience=kl_patience, recall_frac=job.get("kl_recall", 0.0))
     # progress bars go to the worker's log: a call cut off by its time limit still shows how far each job got
-    conv = convert_with_record(teacher, keep, name, calib_ids=cal, align=align, kl=kl_cfg if kl else None,
+    conv = convert_with_record(teacher, keep, spec, calib_ids=cal, align=align, kl=kl_cfg if spec.kl else None,
                                progress=True)
     convert_s = time.perf_counter() - t0
     ppl = {spec: window_ppl(conv.hybrid, ids_e, progress=False) for spec, ids_e in evals.items()}
@@ -199,10 +204,10 @@ def run_step(args) -> None:
         KEEP[name] = [int(x) for x in Path(path).read_text().split(",")]
         print(f"keep {name}: {KEEP[name]}")
     jobs = [j for s in args.jobs.split(",") for j in job_sets()[s]]
-    for key in ("method", "keep", "budget", "calib"):
+    for key in ("method", "align", "keep", "budget", "calib"):
         want = getattr(args, key + "s")
         if want:
-            jobs = [j for j in jobs if j[key] in want.split(",")]
+            jobs = [j for j in jobs if j.get(key, "local") in want.split(",")]
     if args.small_first:
         order = list(BUDGETS)
         jobs = sorted(jobs, key=lambda j: order.index(j["budget"]))
@@ -254,15 +259,16 @@ def main() -> None:
                    help="KL stage steps for every job, over a job's own (its name says the steps run)")
     r.add_argument("--kl-patience", type=int, default=4,
                    help="KLConfig.patience: held-out checks (every 5 steps) without a new best that stop the KL stage "
-                        "(and never before a tenth of its steps since session 15)")
+                        "(and never before a tenth of its steps: KLConfig.patience_frac)")
     r.add_argument("--kl-recall-frac", type=float, default=0.0,
                    help="KLConfig.recall_frac for every job: this share of the KL stage's windows ends with a copy of "
                         "an earlier 256-token span of itself (job names get -recallN)")
     r.add_argument("--out", required=True)
     r.add_argument("--save", default=None, help="save each converted hybrid to SAVE/<job name>")
     r.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, help="first N evaluation windows per domain")
-    for key in ("method", "keep", "budget", "calib"):
-        r.add_argument(f"--{key}s", default="", help=f"only jobs with these {key}s (comma list)")
+    for key, what in (("method", "inits (the registry's names)"), ("align", "Phase-2 fits (local: as the init has it; "
+                      "sequential, residual)"), ("keep", "keeps"), ("budget", "budgets"), ("calib", "calibration texts")):
+        r.add_argument(f"--{key}s", default="", help=f"only jobs with these {what} (comma list)")
     r.add_argument("--keep-file", action="append", default=[],
                    help="NAME=FILE: a keep set (a comma list of layers in FILE) for the long-window-4k jobs")
     r.add_argument("--small-first", action="store_true", help="smallest budgets first")

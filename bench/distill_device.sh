@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Recovery experiment on the GPU machine (DESIGN.md §6 "Recovery"): smollm2-135m with attention kept
-# at layers 0,4,...,28 (22 of 30 layers converted), inits copy and taylor, the same distillation
-# (data, order, seed, schedule, budget) for each: >= 20M tokens per init from the real-text token
-# pool; held-out PPL on wiki:eval (16 x 512) along the way. Never train on wiki:eval.
+# The recovery run on a GPU machine (docs/results.md, *Recovery*): smollm2-135m with attention kept at layers
+# 0,4,...,28 (22 of 30 layers converted), inits copy and taylor, the same distillation (data, order, seed, schedule,
+# budget) for each: >= 20M tokens per init from the real-text token pool; held-out PPL on wiki:eval (16 x 512)
+# along the way. Never train on wiki:eval.
 #
-# Staging (teacher, corpus, token pool, wheels): scripts/device_stage.sh here, then the `stage` step of
-# scripts/device_session.sh on the device; that script's `recover` step calls this one:
+# On a machine without network, stage the teacher, corpora, token pool and wheels first (docs/airgap.md):
+# scripts/device_stage.sh on a machine with network, then the `stage` step of scripts/device_session.sh on the GPU
+# machine; that script's `recover` and `recover50` steps call this one:
 #   bash bench/distill_device.sh [--tokens N] [--data POOL] [--minutes 6.5] [--inits copy,taylor] [tcal recover flags]
-# A call stops itself after --minutes (checkpoint in $RUN.partial/); call again until it prints "wrote".
-# Results (tables, plot, curves, reports; no weights) go to $OUT/recover.tgz each call.
+# A job stops itself after --minutes (checkpoint in $RUN.partial/); run it again until it prints "wrote".
+# Results (tables, plot, curves, reports; no weights) go to $OUT/recover.tgz each time.
 set -euo pipefail
 TOKENS=20000000 DATA=/tmp/tcal-stage/pool MINUTES=6.5 INITS=copy,taylor RUN=/tmp/tcal-runs/recover-smollm2
 while [ $# -gt 0 ]; do
@@ -35,7 +36,7 @@ else
     --calib wiki:calib --calib-window 512 --calib-windows 32 \
     --max-minutes "$MINUTES" --no-progress $RESUME "$@"
 fi
-# The device tool returns at most 8 files: pack the results (no weights) into one archive.
+# Pack the results (no weights) into one archive: one file to copy back from the GPU machine.
 R=$(mktemp -d)/recover; mkdir -p "$R"
 for d in "$RUN" "$RUN.partial"; do
   [ -d "$d" ] || continue

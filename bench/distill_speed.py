@@ -1,7 +1,7 @@
 """Distillation throughput and peak memory of `tcal.distill` at a real model's shape.
 
 Random weights (speed does not depend on the values): a teacher built from a public config shape
-(bench/shapes.py), the hybrid converted from it with init copy, and random token ids.
+(tcal.models.shapes), the hybrid converted from it with init copy, and random token ids.
 Runs the real training loop (`tcal.train.trainer.distill`: chunked KL, AdamW, autocast) for --steps
 steps and reports steady-state training tokens/s (steps after --warmup) and peak CUDA memory:
 
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 import tcal
-from shapes import SHAPES, random_model  # bench/shapes.py
 from tcal.conversion.select import select_layers
+from tcal.models.shapes import SHAPES, random_model
 from tcal.train.config import TrainOptions
 from tcal.train.trainer import distill
 

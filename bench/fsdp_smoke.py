@@ -1,4 +1,4 @@
-"""GPU smoke test of multi-process distillation on ONE GPU (not run yet: written where no GPU was free).
+"""GPU smoke test of multi-process distillation on ONE GPU (docs/results.md, *Multi-process training*).
 
 The multi-process path (FSDP2 student, sharded teacher, gradient checkpointing, micro-batches,
 bf16 autocast, torch.compile of the GDN path, gathered checkpoints) forced onto a mesh of one GPU
@@ -10,21 +10,30 @@ the repository root on a GPU machine:
 Prints one JSON line per precision (losses and eval PPL of both paths, the largest weight
 difference) and writes $OUT/fsdp_smoke.json.
 """
-import json, os, sys, time
+import json
+import os
+import sys
+import time
+
 sys.path[:0] = ["src", "tests"]
 from pathlib import Path
+
 import numpy as np
 import torch
 from helpers import write_distill_assets
+
 from tcal.train import distributed as D
 from tcal.train.checkpoint import load_model
 from tcal.train.config import TrainOptions
 from tcal.train.trainer import distill
 
+
 class Forced(D.World):
     distributed = True  # the multi-process code path with a world of 1: FSDP2 over a mesh of one GPU
 
-root = Path("/tmp/a"); root.mkdir(exist_ok=True); write_distill_assets(root)
+root = Path("/tmp/a")
+root.mkdir(exist_ok=True)
+write_distill_assets(root)
 w = D.init_from_env("cuda", 5.0)
 print("world", w, "torch", torch.__version__, flush=True)
 W = Forced(**{f: getattr(w, f) for f in ("rank", "world_size", "local_rank", "device", "initialised", "owner")})

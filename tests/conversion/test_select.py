@@ -1,14 +1,21 @@
 """Keep policies (tcal.conversion.policy) and layer selection by scores (tcal.conversion.select)."""
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 from helpers import tiny_teacher
 
-from tcal.conversion.policy import POLICIES, layer_index, parse_keep, parse_policy, top_k, uniform_layers
+from tcal.conversion.policy import POLICIES, Policy, layer_index, parse_keep, parse_policy, top_k, uniform_layers
 from tcal.conversion.select import (
-    Selection, SelectionConfig, ar_scores, assemble, ga_scores, gdn_for_every_layer, select_layers,
+    Selection,
+    SelectionConfig,
+    ar_scores,
+    assemble,
+    ga_scores,
+    gdn_for_every_layer,
+    select_layers,
 )
 from tcal.utils.errors import TcalError
 
@@ -50,6 +57,28 @@ def test_parse_keep_and_integer_layer_indices():
 def test_bad_policies(spec, msg):
     with pytest.raises(TcalError, match=msg):
         parse_policy(spec, 30)
+
+
+@pytest.mark.parametrize("spec", ["uniform:150%", "ar:100%", "ga:100.0%"])
+@pytest.mark.parametrize("num_layers", [None, 30, 1 << 30])
+def test_a_percentage_of_100_or_more_is_refused_as_a_percentage(spec, num_layers):
+    count = spec.partition(":")[2]
+    with pytest.raises(TcalError) as e:
+        parse_policy(spec, num_layers)
+    assert str(e.value) == (f"keep policy {spec!r} asks for {count} of the layers; a percentage must be below "
+                            f"100% (100% converts nothing), e.g. {spec.partition(':')[0]}:25%")
+
+
+def test_without_a_layer_count_only_what_needs_no_model_is_checked():
+    assert parse_policy("uniform:2000000000", None) == Policy("uniform", 2000000000)  # the teacher decides later
+    assert parse_policy("ar:99%", None).kind == "ar"
+    for spec, msg in (("uniform:0", "keeps 0 layers"), ("ga:0%", "keeps 0% of the layers; keep at least 1"),
+                      ("ar:inf%", "K must be a whole number or a percentage, got 'inf%'"),
+                      ("ar:-inf%", "K must be a whole number"), ("ar:nan%", "K must be a whole number")):
+        with pytest.raises(TcalError, match=re.escape(msg)):
+            parse_policy(spec, None)
+    with pytest.raises(TcalError, match="K must be a whole number"):
+        parse_policy("uniform:-inf%", 30)
 
 
 def test_uniform_spacing():
@@ -128,6 +157,53 @@ def test_select_layers_lists_and_uniform_need_no_text():
     assert select_layers(teacher, "uniform:2") == Selection("uniform:2", [0, 2])
     with pytest.raises(TcalError, match="pass the teacher's tokenizer"):
         select_layers(teacher, "ar:2")
+
+
+def test_a_scoped_policy_converts_only_layers_of_its_type():
+    # 8 layers, global at 3 and 7: @sliding picks among 0-2, 4-6 and keeps both global ones
+    teacher = tiny_teacher("gemma3", num_hidden_layers=8)
+    sel = select_layers(teacher, "uniform:50%@sliding")
+    assert sel.policy == "uniform:3@sliding" and sel.layers == [0, 2, 3, 5, 7]
+    assert select_layers(teacher, "uniform:1@full").layers == [0, 1, 2, 3, 4, 5, 6]
+    with pytest.raises(TcalError, match="keeps 6 of 6 sliding_attention layers"):
+        select_layers(teacher, "uniform:6@sliding")
+    with pytest.raises(TcalError, match="no sliding_attention layers"):
+        select_layers(tiny_teacher("llama"), "uniform:1@sliding")
+
+
+def test_converting_every_global_layer_warns():
+    from tcal.conversion.convert import convert_with_record
+    from tcal.conversion.policy import global_layers_note
+
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    assert global_layers_note(types, [0, 2]) and global_layers_note(types, [1, 3]) is None
+    assert global_layers_note(["full_attention"] * 4, [0]) is None and global_layers_note(None, [0]) is None
+    with pytest.warns(UserWarning, match="converts every global-attention layer"):
+        conv = convert_with_record(tiny_teacher("gemma3", num_hidden_layers=4), [0, 1])
+    assert "every global-attention layer" in conv.record["warnings"][0]
+
+
+@pytest.mark.parametrize("spec, msg", [("uniform:2@middle", "use @sliding or @full"),
+                                       ("0,4@sliding", "explicit layer list takes no @ scope")])
+def test_bad_scopes(spec, msg):
+    with pytest.raises(TcalError, match=msg):
+        parse_policy(spec, None)
+
+
+def test_scored_policies_pick_among_the_scope(tmp_path):
+    from helpers import word_tokenizer
+
+    words = "the cat sat on a mat dog ran far away".split()
+    tok = word_tokenizer(words)
+    teacher = tiny_teacher("gemma3", vocab_size=len(tok), num_hidden_layers=8)
+    rng = np.random.default_rng(0)
+    (tmp_path / "calib.txt").write_text(" ".join(rng.choice(words, 400)))
+    cfg = SelectionConfig(data=str(tmp_path / "calib.txt"), window=16, val_windows=2, skip_windows=3,
+                          cache_dir=str(tmp_path / "cache"))
+    sel = select_layers(teacher, "ar:2@sliding", tokenizer=tok, cfg=cfg, progress=False)
+    sliding = [0, 1, 2, 4, 5, 6]
+    best = sorted(sorted(sliding, key=lambda i: -sel.scores[i])[:2])
+    assert len(sel.scores) == 8 and sel.layers == sorted(best + [3, 7])
 
 
 def test_ar_selection_scores_once_then_reads_the_cache(tmp_path):

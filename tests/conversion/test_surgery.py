@@ -6,7 +6,12 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import tcal
 from tcal.conversion.surgery import (
-    SUPPORTED_FAMILIES, build_hybrid, check_keep, check_teacher, hybrid_config_for, repeat_kv_rows,
+    SUPPORTED_FAMILIES,
+    build_hybrid,
+    check_keep,
+    check_teacher,
+    hybrid_config_for,
+    repeat_kv_rows,
 )
 from tcal.utils.errors import TcalError
 

@@ -3,12 +3,20 @@
 import json
 
 import pytest
-from helpers import DATA_WORDS as WORDS, word_tokenizer
+from helpers import DATA_WORDS as WORDS
+from helpers import word_tokenizer
 
-from tcal.data.corpora import BUILTIN_CORPORA, Corpus, as_corpus, check_disjoint, load_corpus, split_of
+from tcal.data.corpora import (
+    BUILTIN_CORPORA,
+    Corpus,
+    as_corpus,
+    check_disjoint,
+    check_spec,
+    load_corpus,
+    split_of,
+)
 from tcal.data.tokens import token_windows
 from tcal.utils.errors import TcalError
-
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
 
@@ -93,6 +101,73 @@ def test_raw_text_vs_spec(tmp_path):
     p = tmp_path / "with space.txt"
     p.write_text("the dog")
     assert as_corpus(str(p)).documents == ["the dog"]
+
+
+@pytest.mark.parametrize("spec", ["/home/me/my corpus", "./my corpus", "../data/my corpus", "~/my corpus",
+                                  "/home/me/my notes.md", "runs/my tokens.npy"])
+def test_a_missing_path_with_a_space_is_an_error_not_text(spec):
+    with pytest.raises(TcalError) as e:
+        as_corpus(spec)
+    msg = str(e.value)
+    assert msg.startswith(f"corpus file {spec} does not exist; check the path") and "\n" not in msg
+    if not spec.endswith(".npy"):
+        assert f"write text:{spec}" in msg
+        assert as_corpus(f"text:{spec}").documents == [spec]  # the way to mean the words themselves
+    with pytest.raises(TcalError, match="does not exist"):
+        check_spec(spec)
+    with pytest.raises(TcalError, match=f"corpus file {spec} does not exist"):
+        check_spec(f"wiki:calib+{spec}")
+
+
+def test_a_mixture_is_never_raw_text(tmp_path):
+    (tmp_path / "a.txt").write_text("the cat")
+    with pytest.raises(TcalError, match="corpus file /home/me/my corpus does not exist"):
+        as_corpus("wiki:calib+/home/me/my corpus")
+    with pytest.raises(TcalError, match="is a mixture of corpora, which this argument does not take"):
+        as_corpus(f"wiki:calib+{tmp_path / 'a.txt'}")
+    assert as_corpus("one + one is two").documents == ["one + one is two"]  # no corpus among the parts: text
+
+
+def test_check_spec_reads_nothing(tmp_path, tmp_cache):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    for spec in ("wiki:calib", "wiki:calib+sotu:calib", "text:/x y", "the cat sat", str(pool), pool, None):
+        check_spec(spec)
+    assert not tmp_cache.exists()  # no built-in was fetched
+    with pytest.raises(TcalError, match="unknown corpus 'wikipedia'"):
+        check_spec("wikipedia+wiki:calib")
+
+
+def test_latin1_and_cp1252_files_are_named_as_such(tmp_path):
+    for name, text, enc in (("fr.txt", "Le café crème, déjà brûlé.", "latin-1"),
+                            ("quote.md", "He said \u201cno\u201d \u2014 twice.", "cp1252")):
+        p = tmp_path / name
+        p.write_bytes(text.encode(enc))
+        with pytest.raises(TcalError) as e:
+            load_corpus(str(p))
+        bad = text.encode(enc).decode("utf-8", errors="replace").index("\ufffd")
+        msg = str(e.value)
+        assert msg.startswith(f"{p} is not UTF-8 (byte 0x{text.encode(enc)[bad]:02X} at offset {bad}); ") and \
+            f"iconv -f cp1252 -t utf-8 {p} > {p.with_name(p.stem + '.utf8' + p.suffix)}" in msg, msg
+        assert "binary" not in msg
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(json.dumps({"text": "ok"}).encode() + b"\n" + '{"text": "caf\xe9"}'.encode("latin-1") + b"\n")
+    with pytest.raises(TcalError, match=r"x.jsonl is not UTF-8 \(byte 0xE9 at offset 28\)"):
+        load_corpus(str(p))
+
+
+def test_utf16_binary_and_a_cut_off_character(tmp_path):
+    p = tmp_path / "u16.txt"
+    p.write_text("hello there", encoding="utf-16")
+    with pytest.raises(TcalError, match="is UTF-16: convert it with `iconv -f utf-16 -t utf-8"):
+        load_corpus(str(p))
+    p = tmp_path / "noise.txt"
+    p.write_bytes(bytes(range(256)) * 16)
+    with pytest.raises(TcalError, match="is not text \\(binary data\\)"):
+        load_corpus(str(p))
+    p = tmp_path / "head.txt"
+    p.write_bytes("naïve café".encode()[:-1])  # `head -c` cut the last character in half
+    assert load_corpus(str(p)).documents == ["naïve caf"]
 
 
 def test_split_rule_is_stable_and_disjoint():

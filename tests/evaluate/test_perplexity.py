@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import tiny_teacher, word_tokenizer
 
 from tcal.data.corpora import Corpus

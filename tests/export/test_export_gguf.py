@@ -5,7 +5,6 @@ import json
 import gguf
 import llama_cpp
 import numpy as np
-import pytest
 import torch
 from helpers import assert_close, target_hybrid, tiny_teacher
 

@@ -1,21 +1,25 @@
-"""A hybrid saved by tcal before the package was restructured (main at 3c32d23) still loads
-through transformers' Auto classes and reproduces the logits it gave when it was saved."""
+"""Hybrids saved by earlier tcal versions still load through transformers' Auto classes and reproduce the
+logits they gave when they were saved: hybrid_v0 from before the package was restructured (3c32d23), hybrid_v1
+a `qwen3_5`-target hybrid of a tiny Llama from before the GDN options were declared once (8d3cdae)."""
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 FIXTURE = Path(__file__).parents[1] / "fixtures"  # tests/fixtures
 
 
-def test_checkpoint_from_before_the_restructure_loads_with_its_logits(tmp_path):
-    import tcal  # noqa: F401  (registers the tcal_hybrid model type)
+@pytest.mark.parametrize("name", ["hybrid_v0", "hybrid_v1"])
+def test_checkpoint_of_an_earlier_version_loads_with_its_logits(tmp_path, name):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(FIXTURE / "hybrid_v0", dtype=torch.float32).eval()
+    import tcal  # noqa: F401  (registers the tcal_hybrid model type)
+
+    model = AutoModelForCausalLM.from_pretrained(FIXTURE / name, dtype=torch.float32).eval()
     assert type(model).__name__ == "HybridForCausalLM"
     assert model.config.layer_types == ["full_attention", "linear_attention", "full_attention", "linear_attention"]
-    ref = load_file(FIXTURE / "hybrid_v0_logits.safetensors")
+    ref = load_file(FIXTURE / f"{name}_logits.safetensors")
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"], use_cache=False).logits
     # The stored logits were computed on another machine: CPUs of other kinds pick other fp32 GEMM kernels

@@ -20,10 +20,11 @@ def ids(B=2, T=13, seed=1, vocab=97):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def hybrid_for(family="llama", conv=True, seed=0, target="native", **kw):
-    """Native by default: its GDN layers carry the teachers' biases and q/k norms, the most the fast path handles."""
-    hybrid = tcal.convert(tiny_teacher(family, seed=seed), keep=KEEP, init="copy", use_short_conv=conv, target=target,
-                          **kw)
+def hybrid_for(family="llama", conv=True, seed=0, target="native", teacher=None, **kw):
+    """Native by default: its GDN layers carry the teachers' biases and q/k norms, the most the fast path handles.
+    ``teacher``: config overrides of the tiny teacher."""
+    hybrid = tcal.convert(tiny_teacher(family, seed=seed, **(teacher or {})), keep=KEEP, init="copy",
+                          use_short_conv=conv, target=target, **kw)
     with torch.no_grad():  # random taps and gates, so the conv window and the decay matter
         g = torch.Generator().manual_seed(seed + 7)
         for name, p in hybrid.named_parameters():
@@ -164,11 +165,21 @@ def test_limits_are_one_line_errors():
         FastDecoder(hybrid, max_len=10, cuda_graphs=True)  # the model is on the CPU
 
 
-def test_sliding_window_beyond_its_window_is_refused():
-    hybrid = tcal.convert(tiny_teacher("mistral", sliding_window=8), keep=KEEP, init="copy", target="native")
-    with pytest.raises(TcalError, match="sliding window"):
-        FastDecoder(hybrid, max_len=16)
-    FastDecoder(hybrid, max_len=8)
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_sliding_window_layers_keep_their_window(family):
+    """Kept attention layers that slide (Mistral's every layer, Gemma 3's local ones over 8 tokens) attend
+    through their window in the static cache too: prefill and decode past the window equal the eager model,
+    a left-padded row included."""
+    hybrid = hybrid_for(family, teacher={"sliding_window": 8})
+    assert any(hybrid.model.layers[i].self_attn.sliding_window for i in KEEP) if family == "gemma3" else True
+    x = ids(T=24)
+    fast = FastDecoder(hybrid, max_len=32, batch_size=2)
+    assert fast.windows  # the cache is longer than the window: it slides
+    assert_close(fast_logits(fast, x, 11), eager_logits(hybrid, x)[:, 10:], 1e-5, f"{family} window, fast vs eager")
+    mask = torch.ones_like(x)
+    mask[0, :5] = 0
+    assert_close(fast_logits(fast, x, 11, mask), eager_logits(hybrid, x, mask)[:, 10:], 1e-5,
+                 f"{family} window, left padding")
 
 
 def test_cache_layout_and_reset():

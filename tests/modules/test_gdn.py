@@ -1,7 +1,6 @@
 """The GatedDeltaNet layer: names, padding, conv/cache behaviour."""
 import pytest
 import torch
-
 from helpers import assert_close
 
 from tcal.modules.config import GDNShape

@@ -1,7 +1,6 @@
 """GDNStack: G layers run as one give each layer's own forward, and each layer's own gradients."""
 import pytest
 import torch
-
 from helpers import assert_close
 
 from tcal.modules.config import GDNShape

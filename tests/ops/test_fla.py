@@ -2,7 +2,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import assert_close, tiny_teacher
 
 from tcal.ops import fla_available, fla_backward_ok, gated_delta_rule, naive_recurrent_gated_delta_rule

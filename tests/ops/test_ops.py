@@ -2,11 +2,14 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import assert_close
 
-from tcal.ops import (chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch, gated_delta_rule,
-                      naive_recurrent_gated_delta_rule)
+from tcal.ops import (
+    chunk_gated_delta_rule_torch,
+    chunk_scan_gated_delta_rule_torch,
+    gated_delta_rule,
+    naive_recurrent_gated_delta_rule,
+)
 
 
 def inputs(B, T, H, K, V, seed=0, requires_grad=False):

@@ -188,6 +188,77 @@ def test_binary_data_as_a_text_corpus_is_refused(workspace, capsys):
     assert not (workspace / "o").exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ["eval", "{teacher}", "--data", "{spec}"],
+    ["eval", "{teacher}", "--task", "single", "--haystack", "{spec}"],
+    ["eval", "{teacher}", "--lm-eval", "tcal_lastword", "--lm-eval-data", "{spec}"],
+    ["stats", "{teacher}", "--data", "{spec}"],
+    ["convert", "--teacher", "{teacher}", "--calib", "{spec}"],
+    ["convert", "--teacher", "{teacher}", "--calib", "{ws}/calib.txt+{spec}"],
+    ["convert", "--teacher", "{teacher}", "--calib", "{ws}/calib.txt", "--eval", "{spec}"],
+    ["ablate", "--teacher", "{teacher}", "--calib", "{spec}"],
+    ["ablate", "--teacher", "{teacher}", "--calib", "{ws}/calib.txt", "--eval", "{ws}/eval.txt,{spec}"],
+])
+@pytest.mark.parametrize("spec", ["{ws}/my corpus.txt", "{ws}/my corpus", "./my corpus", "~/no such dir/my corpus"])
+def test_a_missing_path_with_a_space_is_not_read_as_text(workspace, capsys, monkeypatch, argv, spec):
+    # the teacher does not exist: the data argument must be reported first, as the path it is
+    monkeypatch.chdir(workspace)
+    spec = spec.replace("{ws}", str(workspace))
+    argv = [a.replace("{spec}", spec).replace("{teacher}", str(workspace / "no-such-teacher"))
+            .replace("{ws}", str(workspace)) for a in argv]
+    message = one_error(capsys, f"corpus file {spec} does not exist; check the path", *argv, "--out", workspace / "o")
+    assert f"write text:{spec}" in message
+    assert not (workspace / "o").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+@pytest.mark.parametrize("argv", [
+    ["convert", "--teacher", "{teacher}"],
+    ["ablate", "--teacher", "{teacher}"],
+    ["recover", "--teacher", "{teacher}"],
+    ["distill", "{ws}/no-such-hybrid", "--teacher", "{teacher}"],
+    ["stats", "{teacher}"],
+    ["eval", "{teacher}", "--task", "single"],
+    ["eval", "{teacher}", "--lm-eval", "tcal_lastword"],
+    ["pool", "--teacher", "{teacher}"],
+    ["export", "{ws}/no-such-hybrid"],
+    ["bench", "smollm2-135m", "--num-layers", "2", "--keep", "0", "--contexts", "16", "--device", "cpu"],
+])
+def test_an_out_that_cannot_be_created_is_refused_first(workspace, capsys, argv):
+    # os.access lets root write to /proc; only creating a directory there shows it cannot be done
+    argv = [a.replace("{teacher}", str(workspace / "no-such-teacher")).replace("{ws}", str(workspace)) for a in argv]
+    one_error(capsys, "cannot write --out /proc/forbidden/x: a directory cannot be created in /proc "
+                      "(No such file or directory); choose a writable --out", *argv, "--out", "/proc/forbidden/x")
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", "--teacher", "{teacher}", "--keep", "uniform:150%"],
+    ["ablate", "--teacher", "{teacher}", "--keep", "ar:100%"],
+    ["bench", "--keep", "uniform:150%", "--device", "cpu"],
+])
+def test_a_keep_percentage_of_100_or_more_is_named_as_a_percentage(workspace, capsys, argv):
+    argv = [a.replace("{teacher}", str(workspace / "no-such-teacher")) for a in argv]
+    keep = argv[argv.index("--keep") + 1]
+    one_error(capsys, f"keep policy {keep!r} asks for {keep.partition(':')[2]} of the layers; a percentage must "
+                      "be below 100%", *argv, "--out", workspace / "o")
+    assert not (workspace / "o").exists()
+
+
+def test_a_latin1_corpus_is_named_not_utf8_not_binary(workspace, capsys):
+    text = " ".join(["the café sat on the crème brûlée"] * 40)
+    (workspace / "fr.txt").write_bytes(text.encode("latin-1"))
+    fixed = workspace / "fr.utf8.txt"
+    for argv in (["eval", workspace / "no-such-teacher", "--data", workspace / "fr.txt"],
+                 ["convert", "--teacher", workspace / "no-such-teacher", "--calib", workspace / "fr.txt",
+                  "--out", workspace / "o"]):
+        one_error(capsys, f"{workspace / 'fr.txt'} is not UTF-8 (byte 0xE9 at offset 7); if it is Latin-1 / "
+                          f"Windows-1252 text, convert it with `iconv -f cp1252 -t utf-8 {workspace / 'fr.txt'} > "
+                          f"{fixed}` and give that file", *argv)
+    fixed.write_bytes(text.encode("latin-1").decode("cp1252").encode("utf-8"))  # what iconv writes
+    code, _, err = run(capsys, "eval", workspace / "teacher", "--data", fixed, "--window", 8, "--windows", 1)
+    assert code == 0, err
+
+
 # -- the Python API names the argument --------------------------------------------------------------
 
 def test_python_api_errors(workspace):

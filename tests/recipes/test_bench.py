@@ -140,7 +140,7 @@ def test_bad_models_are_one_line_errors(tmp_path, capsys, workspace):
     hybrid = tmp_path / "hybrid"
     tcal.convert(tiny_teacher(), keep=[0], init="copy").save_pretrained(hybrid)
     for model, extra, message in [
-        ("gpt-9", (), "--model 'gpt-9' is neither a shape (qwen2.5-1.5b, llama-3.2-3b, smollm2-135m) nor a directory"),
+        ("gpt-9", (), "--model 'gpt-9' is neither a shape (qwen2.5-1.5b, llama-3.2-3b, smollm2-135m, gemma3-270m, gemma3-1b) nor a directory"),
         (workspace / "teacher", (), "is not a saved tcal hybrid (config.json model_type 'llama', not 'tcal_hybrid')"),
         (tmp_path / "empty", (), "is not a saved tcal hybrid (no readable config.json)"),
         (hybrid, ("--num-layers", 2), "a saved hybrid"),

@@ -58,13 +58,31 @@ def test_the_long_budget_is_the_measured_sweep_job(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import calib_sweep
 
-    from tcal.taylor.kl_stage import KLConfig
-    from tcal.taylor.phase2 import AlignConfig
-    from tcal.utils.config import CalibArgs
+    from tcal.taylor.budget import CalibArgs
+    from tcal.taylor.config import KLConfig
 
-    name, n, w, align, kl = CalibArgs(calib_budget="long").budget("cuda")
+    b = CalibArgs(calib_budget="long").budget("cuda")
+    n, w = b.windows, b.window
     assert calib_sweep.BUDGETS["256k-4k"] == (n, w)
-    assert AlignConfig(**align) == calib_sweep.align_for("256k-4k", 300)
+    assert b.align == calib_sweep.align_for("256k-4k", 300)
     sweep_kl = KLConfig(steps=90, batch_size=max(1, calib_sweep.KL_TOKENS // w), eval_every=5, patience=4,
                         recall_frac=0.5)  # run_job's KLConfig for that job with --kl-steps-all 90 --kl-recall-frac 0.5
-    assert KLConfig(**kl) == sweep_kl
+    assert b.kl == sweep_kl
+
+
+def test_sweep_jobs_name_the_registrys_inits_and_old_rows_keep_their_labels(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import calib_sweep
+
+    from tcal.conversion.inits import ALIGN_MODES, INITS
+
+    jobs = [j for js in calib_sweep.job_sets().values() for j in js]
+    assert {j["method"] for j in jobs} <= set(INITS) and all(j.get("align", "local") in ALIGN_MODES for j in jobs)
+    job = dict(keep="50", method="taylor-exact-silent", align="sequential", calib="mix", budget="16k")
+    spec = calib_sweep.init_spec(job)
+    assert (spec.phase1, spec.phase2, spec.kl, spec.align) == ("exact-silent", True, False, "sequential")
+    assert calib_sweep.init_spec(dict(job, method="taylor", align=None)) is INITS["taylor"]
+    assert calib_sweep.job_name(dict(job, method="taylor"), kl_steps=100) == "50-taylor-sequential-mix-16k-kl100"
+    cc = curve_module(monkeypatch)
+    assert cc.init_label({"method": "taylor-exact-silent", "align": "sequential"}) == cc.init_label(
+        {"method": "tes-seq"}) == "taylor-exact-silent, sequential"

@@ -12,6 +12,7 @@ from tcal.cli import COMMANDS, build_parser, main, recipe
 from tcal.recipes.eval import EvalConfig
 from tcal.recipes.eval import run as run_eval
 
+
 def run(*argv):
     return main([str(a) for a in argv])
 

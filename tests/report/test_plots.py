@@ -6,7 +6,14 @@ from helpers import tiny_teacher
 
 from tcal.conversion.select import Selection
 from tcal.report.plots import (
-    fmt_ppl, plot_ablation, plot_bench, plot_calib_budget, plot_curve, plot_recovery, plot_selection, plot_stats,
+    fmt_ppl,
+    plot_ablation,
+    plot_bench,
+    plot_calib_budget,
+    plot_curve,
+    plot_recovery,
+    plot_selection,
+    plot_stats,
 )
 from tcal.report.targets import target_table
 from tcal.taylor.statistics import collect_stats

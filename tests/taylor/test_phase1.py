@@ -13,7 +13,14 @@ from tcal.modules.gdn import GatedDeltaNet, inverse_softplus
 from tcal.ops import naive_recurrent_gated_delta_rule
 from tcal.taylor.capture import LayerIO, capture_teacher_io
 from tcal.taylor.formulas import (
-    decay_rate, dt_bias_for_distance, exact_b_bias, exact_b_weight, logit, ols_scale, reference_b_weight, reference_gate_alpha,
+    decay_rate,
+    dt_bias_for_distance,
+    exact_b_bias,
+    exact_b_weight,
+    logit,
+    ols_scale,
+    reference_b_weight,
+    reference_gate_alpha,
     target_beta,
 )
 from tcal.taylor.layer_fit import layer_output, output_fit
@@ -21,7 +28,6 @@ from tcal.taylor.output_ls import fit_head_scales, fit_norm_weight, output_loss,
 from tcal.taylor.phase1 import PHASE1_VARIANTS, Phase1Options, apply_phase1, calibrate_layer
 from tcal.taylor.statistics import LayerStats, collect_stats
 from tcal.utils.errors import TcalError
-
 
 H, d, D = 3, 8, 24
 

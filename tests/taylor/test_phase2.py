@@ -14,7 +14,6 @@ from tcal.taylor.phase2 import AlignConfig, align_layer, align_layers, param_gro
 from tcal.taylor.pipeline import split_calibration
 from tcal.utils.errors import TcalError
 
-
 D, H, d = 16, 2, 8
 
 

@@ -11,7 +11,7 @@ from tcal.modules.config import GDNShape
 from tcal.modules.gdn import GatedDeltaNet
 from tcal.taylor import pipeline
 from tcal.taylor.capture import LayerIO
-from tcal.taylor.phase2 import AlignConfig, align_group, align_layer, align_layers, concurrent_groups, fit_bytes
+from tcal.taylor.phase2 import AlignConfig, align_group, align_layer, concurrent_groups, fit_bytes
 
 D, H, d = 16, 2, 8
 

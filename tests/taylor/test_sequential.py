@@ -1,6 +1,5 @@
 """Sequential (student-forced) Phase 2, the residual-stream target, lazy per-layer capture and the
-learning-rate schedule / early stopping of Phase 2."""
-import math
+early stopping of Phase 2 (its learning-rate schedule: tests/utils/test_schedule.py)."""
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ from helpers import gdn_state, tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
 from tcal.taylor.capture import capture_layer_input, capture_teacher_io
-from tcal.taylor.phase2 import AlignConfig, lr_factor
+from tcal.taylor.phase2 import AlignConfig
 from tcal.taylor.pipeline import PHASE1_SEQUENCES, calibrate, prepare, student_layer_io
 from tcal.utils.errors import TcalError
 
@@ -164,15 +163,6 @@ def test_align_config_refuses_bad_settings():
         with pytest.raises(TcalError):
             AlignConfig(**bad)
     AlignConfig(inputs="student", target="residual")
-
-
-def test_lr_factor_warms_up_then_decays_to_a_tenth():
-    assert lr_factor(0, 100, "constant", 0) == 1.0 and lr_factor(99, 100, "constant", 0) == 1.0
-    assert lr_factor(0, 100, "cosine", 10) == pytest.approx(0.1) and lr_factor(9, 100, "cosine", 10) == 1.0
-    assert lr_factor(10, 100, "cosine", 10) == pytest.approx(1.0)
-    assert lr_factor(99, 100, "cosine", 10) == pytest.approx(0.1)
-    mid = lr_factor(10 + 89 // 2, 100, "cosine", 10)
-    assert 0.5 < mid < 0.6 and not math.isnan(mid)
 
 
 def test_patience_stops_a_layer_that_no_longer_improves_on_held_out():

@@ -7,9 +7,21 @@ from helpers import tiny_teacher
 
 from tcal.taylor.capture import LayerIO, capture_teacher_io, check_layers, decoder_layers, eager_attention
 from tcal.taylor.statistics import (
-    STATS_FILE, LayerStats, TeacherStats, attention_distance, attention_distance_nosink, attention_entropy,
-    attention_entropy_normalised, attention_sink_mass, collect_stats, concentration_absolute, concentration_minmax,
-    load_stats, row_distance, save_stats, summarise,
+    STATS_FILE,
+    LayerStats,
+    TeacherStats,
+    attention_distance,
+    attention_distance_nosink,
+    attention_entropy,
+    attention_entropy_normalised,
+    attention_sink_mass,
+    collect_stats,
+    concentration_absolute,
+    concentration_minmax,
+    load_stats,
+    row_distance,
+    save_stats,
+    summarise,
 )
 from tcal.utils.errors import TcalError
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from helpers import distill_data
+
 from tcal.train.checkpoint import checkpoint_dir, has_checkpoint, load_model, partial_dir
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import CURVE_FIELDS, curve_csv, read_curve
@@ -187,6 +187,7 @@ def test_no_student_and_no_checkpoint_is_an_error(assets, tmp_path):
     ({"recall_frac": 1.5}, 10, "--recall-frac must be in"),
     ({"recall_frac": 0.5, "recall_span": 9}, 10, "--recall-span must be between 1 and half of --seq-len"),
     ({"recall_frac": 0.5, "recall_span": 0}, 10, "--recall-span must be between 1"),
+    ({"eval_early": -1}, 10, "--eval-early must be >= 0"),
 ])
 def test_check_train_options(over, tokens, message):
     with pytest.raises(TcalError, match=message):

@@ -1,8 +1,10 @@
 import os
+import tempfile
 
 import pytest
 
-from tcal.utils.atomic import atomic_dir, publish_dir
+from tcal.utils.atomic import atomic_dir, check_out, publish_dir
+from tcal.utils.errors import TcalError
 
 
 def test_atomic_dir_publishes_whole_with_umask_permissions(tmp_path):
@@ -42,3 +44,35 @@ def test_publish_dir_replace_or_keep_existing(tmp_path):
     assert publish_dir(mine, out) == out
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+@pytest.mark.parametrize("out", ["/proc/forbidden/x", "/proc/x"])
+def test_check_out_proves_a_directory_can_be_created(out):
+    # os.access says yes here for root; creating a directory says no, for every user
+    with pytest.raises(TcalError) as e:
+        check_out(out, "convert")
+    assert str(e.value) == (f"cannot write --out {out}: a directory cannot be created in /proc (No such file or "
+                            "directory); choose a writable --out")
+
+
+def test_check_out_leaves_nothing_behind(tmp_path):
+    assert check_out(tmp_path / "a" / "b", "convert") == tmp_path / "a" / "b"
+    (tmp_path / "empty").mkdir()
+    assert check_out(tmp_path / "empty", "convert", flag="--dir") == tmp_path / "empty"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TcalError, match=f"cannot write --out {tmp_path}/afile/sub: {tmp_path}/afile is a file"):
+        check_out(tmp_path / "afile" / "sub", "convert")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_check_out_checks_inside_an_existing_output(tmp_path, monkeypatch):
+    # into an existing directory the files are moved one by one: it must take a new entry too
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda dir=None, **kw: real(
+        dir="/proc" if os.fspath(dir) == os.fspath(tmp_path / "done") else dir, **kw))
+    (tmp_path / "done").mkdir()
+    with pytest.raises(TcalError, match="a directory cannot be created in"):
+        check_out(tmp_path / "done", "convert")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done"]

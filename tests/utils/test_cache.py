@@ -5,7 +5,6 @@ import pytest
 
 from tcal.utils.cache import cache_root, fetch_npm, fetch_pypi, sha256_file
 
-
 pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 

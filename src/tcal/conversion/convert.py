@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -9,6 +10,7 @@ import torch
 
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
+from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.target import DEFAULT_TARGET, target_options
@@ -64,7 +66,8 @@ def convert_with_record(
 ) -> Conversion:
     """:func:`convert`, also returning what was done (the record written into reports)."""
     spec = get_init(init)
-    target_options(target, teacher.config)  # a teacher the target cannot express fails before any model work
+    # resolved (auto) and checked before any model work: a teacher the target cannot express fails here
+    target = target_options(target, teacher.config)[0]
     gdn_options, init_options = split_options(options)
     record: dict = {"init": spec.name, "target": target, "timings": {}}
     data_name = "calib_ids" if calib_ids is not None else str(calib)
@@ -82,6 +85,10 @@ def convert_with_record(
         keep = sel.layers
         record["selection"] = asdict(sel)
     record["timings"]["select_s"] = time.perf_counter() - t0
+    note = global_layers_note(getattr(teacher.config, "layer_types", None), list(keep))
+    if note:
+        record["warnings"] = [note]
+        warnings.warn(f"tcal convert: {note}", stacklevel=2)
 
     t0 = time.perf_counter()
     hybrid = build_hybrid(teacher, keep, seed=seed, target=target, **gdn_options)
@@ -105,9 +112,9 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
       ``"ga:K"`` (K a count or a percentage); ar/ga score layers on a validation slice of the
       calibration corpus (:mod:`tcal.conversion.select`).
     - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
-    - ``target``: ``"qwen3_5"`` (default) or ``"native"``, the layout the hybrid must fit
-      (:mod:`tcal.conversion.target`); a ``qwen3_5`` hybrid exports with ``tcal export`` to the engines that run
-      Qwen3.5.
+    - ``target``: ``"auto"`` (default: ``"qwen3_5"`` where the layout holds the teacher, else ``"native"``),
+      ``"qwen3_5"`` or ``"native"``, the layout the hybrid must fit (:mod:`tcal.conversion.target`); a ``qwen3_5``
+      hybrid exports with ``tcal export`` to the engines that run Qwen3.5.
     - Calibrated inits (Taylor-Calibrate) take ``calib_ids`` (token ids (N, T), or a prepared
       :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib+shakespeare:calib``,
       disjoint from every ``:eval`` split) with ``tokenizer`` into ``calib_windows`` windows of

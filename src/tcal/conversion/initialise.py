@@ -6,10 +6,9 @@ import dataclasses
 import torch
 
 from tcal.conversion.inits import InitSpec, get_init
-from tcal.taylor.kl_stage import KLConfig
-from tcal.taylor.phase2 import AlignConfig
+from tcal.taylor.budget import CALIB_BUDGETS
+from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.pipeline import Calibration, calibrate, prepare
-from tcal.utils.config import CALIB_BUDGETS
 from tcal.utils.errors import TcalError
 
 
@@ -30,7 +29,7 @@ def stage_configs(spec: InitSpec, align: AlignConfig | None, kl: KLConfig | None
     schedule...) with the init's own choice of how Phase 2 fits the layers."""
     inputs, target = ALIGN_INPUTS[spec.align]
     align = dataclasses.replace(align or AlignConfig(), inputs=inputs, target=target)
-    return align, ((kl or KLConfig(**CALIB_BUDGETS["reference"]["kl"])) if spec.kl else None)
+    return align, ((kl or CALIB_BUDGETS["reference"].kl) if spec.kl else None)
 
 
 def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration | torch.Tensor | None = None, *,

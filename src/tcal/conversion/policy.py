@@ -6,6 +6,9 @@
     ga:K          one-attention students (scored by tcal.conversion.select)
     niah:K        attention removal scored by retrieval (scored by tcal.conversion.select)
 K may be a fraction of the layers: uniform:25%.
+A policy may be scoped to one attention type with @sliding or @full (for teachers that mix sliding-window and
+global layers, e.g. Gemma 3): it converts only layers of that type, K counts among them, and every layer of
+the other type stays attention: uniform:50%@sliding keeps half of the sliding-window layers and every global one.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from tcal.utils.errors import TcalError
 
 POLICIES = ("uniform", "ar", "ga", "niah")
+# @scope -> the layer type (transformers' config.layer_types) a scoped policy converts
+SCOPES = {"sliding": "sliding_attention", "local": "sliding_attention", "full": "full_attention",
+          "global": "full_attention"}
 
 
 @dataclass
@@ -23,6 +29,32 @@ class Policy:
     kind: str  # "list" or one of POLICIES
     k: int
     layers: list[int] | None = None  # for "list"
+    scope: str | None = None  # a layer type of SCOPES: only layers of it are converted, K counts among them
+
+
+def policy_scope(spec) -> str | None:
+    """The layer type a policy spec is scoped to ('uniform:50%@sliding' -> 'sliding_attention'), or None."""
+    if isinstance(spec, (list, tuple)):
+        return None
+    _, at, scope = str(spec).strip().partition("@")
+    if not at:
+        return None
+    if scope.strip() not in SCOPES:
+        raise TcalError(f"keep policy {spec!r}: unknown layer type {scope!r} after @; use @sliding or @full")
+    return SCOPES[scope.strip()]
+
+
+def scope_layers(scope: str | None, layer_types: list[str] | None, num_layers: int) -> list[int]:
+    """The layers a policy scoped to ``scope`` may convert (every layer when unscoped); a teacher without
+    ``layer_types`` has only full-attention layers."""
+    if scope is None:
+        return list(range(num_layers))
+    types = list(layer_types) if layer_types else ["full_attention"] * num_layers
+    layers = [i for i, t in enumerate(types) if t == scope]
+    if not layers:
+        have = sorted(set(types))
+        raise TcalError(f"the teacher has no {scope} layers (its layers are {', '.join(have)}); drop the @ scope")
+    return layers
 
 
 def parse_keep(spec: str) -> list[int] | str:
@@ -33,11 +65,20 @@ def parse_keep(spec: str) -> list[int] | str:
     return spec
 
 
-def parse_policy(spec, num_layers: int) -> Policy:
-    """'0,4,8' | [0, 4, 8] | 'uniform:8' | 'ar:25%' -> Policy."""
+def parse_policy(spec, num_layers: int | None) -> Policy:
+    """'0,4,8' | [0, 4, 8] | 'uniform:8' | 'ar:25%' -> Policy.
+
+    ``num_layers=None`` checks what needs no model (the syntax, a count of at least 1, a percentage
+    below 100), as commands do before the teacher loads; a percentage's ``k`` is then 0.
+    """
     if isinstance(spec, (list, tuple)):
         return Policy("list", len(spec), [layer_index(i) for i in spec])
     spec = str(spec).strip()
+    scope = policy_scope(spec)
+    if scope is not None:
+        spec = spec.partition("@")[0].strip()
+        if isinstance(parse_keep(spec), list):
+            raise TcalError(f"an explicit layer list takes no @ scope ({spec}@...); list the layers to keep")
     keep = parse_keep(spec)
     if isinstance(keep, list):
         return Policy("list", len(keep), keep)
@@ -48,15 +89,29 @@ def parse_policy(spec, num_layers: int) -> Policy:
             f"{', '.join(p + ':K' for p in POLICIES)} (K a count or a percentage like 25%)"
         )
     try:
-        k = round(num_layers * float(count[:-1]) / 100) if count.endswith("%") else int(count)
+        percent = float(count[:-1]) if count.endswith("%") else None
+        k = int(count) if percent is None else 0
+        if percent is not None and not math.isfinite(percent):
+            raise ValueError(count)
     except ValueError:
         raise TcalError(f"keep policy {spec!r}: K must be a whole number or a percentage, got {count!r}") from None
+    if percent is not None:
+        # 100 % or more converts nothing in any model: said in the user's terms, not in a layer count
+        if percent >= 100:
+            raise TcalError(f"keep policy {spec!r} asks for {count} of the layers; a percentage must be below 100% "
+                            f"(100% converts nothing), e.g. {kind}:25%")
+        if num_layers is None:
+            if percent <= 0:
+                raise TcalError(f"keep policy {spec!r} keeps {count} of the layers; keep at least 1 attention layer")
+            return Policy(kind, 0, scope=scope)
+        k = round(num_layers * percent / 100)
     if k < 1:
         raise TcalError(f"keep policy {spec!r} keeps {k} layers; keep at least 1 attention layer")
-    if k >= num_layers:
-        raise TcalError(f"keep policy {spec!r} keeps {k} of {num_layers} layers: nothing would be converted; "
+    if num_layers is not None and k >= num_layers:
+        among = "" if scope is None else f" {scope}"
+        raise TcalError(f"keep policy {spec!r} keeps {k} of {num_layers}{among} layers: nothing would be converted; "
                         f"K must be below {num_layers}")
-    return Policy(kind, k)
+    return Policy(kind, k, scope=scope)
 
 
 def layer_index(i) -> int:
@@ -78,3 +133,18 @@ def uniform_layers(k: int, num_layers: int) -> list[int]:
 def top_k(scores: list[float], k: int, largest: bool) -> list[int]:
     order = sorted(range(len(scores)), key=lambda i: (-scores[i] if largest else scores[i], i))
     return sorted(order[:k])
+
+
+def global_layers_note(layer_types: list[str] | None, keep: list[int]) -> str | None:
+    """A warning when ``keep`` converts every global (full-attention) layer of a teacher that mixes them with
+    sliding-window layers (Gemma 3): the hybrid is then left without any attention past the window, and its
+    retrieval over longer contexts rests on the GDN layers alone (docs/results.md, *Gemma 3*)."""
+    types = list(layer_types or [])
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full or len(full) == len(types) or set(full) & set(keep):
+        return None
+    return (f"the keep list converts every global-attention layer ({', '.join(map(str, full))}): no attention layer "
+            "is left that sees past the sliding window, so retrieval over longer contexts rests on the GDN layers (on "
+            "Gemma 3 270M, uniform:50% with every global layer converted scored 1.14-1.25x the teacher's PPL where "
+            "uniform:50%@sliding scored 1.04-1.13x); to keep them, convert with a policy scoped to the sliding-window "
+            "layers, e.g. --keep uniform:50%@sliding")

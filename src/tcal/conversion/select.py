@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
-from tcal.conversion.policy import parse_policy, top_k, uniform_layers
+from tcal.conversion.policy import parse_policy, policy_scope, scope_layers, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
 from tcal.data.tokens import mixed_windows
@@ -64,7 +64,7 @@ def answer_prompts(tokenizer, cfg: SelectionConfig) -> list[tuple[torch.Tensor, 
     """Single-needle prompts with their answer appended: (token ids (1, T), answer tokens at the end)."""
     docs = as_corpus(cfg.niah_haystack).documents
     prompts = []
-    # sized with 12 tokens of room (": " + 7 digits + "."), as when the niah:K layer sets in the README were picked;
+    # sized with 12 tokens of room (": " + 7 digits + "."), as when the niah:K layer sets in docs/results.md were picked;
     # the evaluation's 128 would shorten every haystack and change the picks
     for s in make_samples("single", tokenizer, cfg.niah_length, cfg.niah_samples, seed=cfg.niah_seed, documents=docs,
                           max_new_tokens=12):
@@ -167,8 +167,8 @@ class SelectionConfig:
     cache_dir: str | None = None
     # niah: prompts of this many tokens (at most the teacher's position limit, less room for the answer) on this
     # haystack, this many of them, this seed. 2,048, not 512: scored at 512 the policy left out the layer a
-    # 50 %-converted SmolLM2's retrieval at 1K-4K needed most, which it ranks 5th at 2,048 (README,
-    # *Retrieval-aware selection*; bench/results/cpu-2026-12-02/revert-layers/)
+    # 50 %-converted SmolLM2's retrieval at 1K-4K needed most, which it ranks 5th at 2,048 (docs/results.md,
+    # *Layer selection*; bench/results/2026-12-02-retrieval-layer-revert/)
     niah_length: int = 2048
     niah_samples: int = 8
     niah_haystack: str = "sotu:calib"
@@ -217,11 +217,19 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
     """
     cfg = cfg or SelectionConfig()
     L = teacher.config.num_hidden_layers
-    pol = parse_policy(spec, L)
+    # a scoped policy (uniform:50%@sliding) picks among the layers of one type; the others all stay attention
+    scope = policy_scope(spec)
+    cands = scope_layers(scope, getattr(teacher.config, "layer_types", None), L)
+    pol = parse_policy(spec, len(cands))
+    label = f"{pol.kind}:{pol.k}" + ("" if scope is None else f"@{scope.split('_')[0]}")
+
+    def keep_of(chosen: list[int]) -> list[int]:  # the chosen candidates and every layer outside the scope
+        return sorted(set(chosen) | (set(range(L)) - set(cands)))
+
     if pol.kind == "list":
         return Selection("list", sorted(pol.layers))
     if pol.kind == "uniform":
-        return Selection(f"uniform:{pol.k}", uniform_layers(pol.k, L))
+        return Selection(label, keep_of([cands[i] for i in uniform_layers(pol.k, len(cands))]))
     if tokenizer is None:
         raise TcalError(f"keep policy {pol.kind}:{pol.k} scores layers on text: pass the teacher's tokenizer")
     extra = {}
@@ -254,10 +262,10 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"scores": scores, "seconds": seconds, "protocol": protocol})
     # ar / niah: the layers whose removal hurts most stay; ga: the best one-attention students win.
-    layers = top_k(scores, pol.k, largest=(pol.kind != "ga"))
+    picked = top_k([scores[i] for i in cands], pol.k, largest=(pol.kind != "ga"))
     name = {"ar": "ppl_with_layer_attention_removed", "ga": "ppl_keeping_only_this_layer",
             "niah": "answer_nll_with_layer_attention_removed"}[pol.kind]
-    return Selection(f"{pol.kind}:{pol.k}", layers, scores, name, seconds, protocol, cached)
+    return Selection(label, keep_of([cands[i] for i in picked]), scores, name, seconds, protocol, cached)
 
 
 def selection_record(sel: Selection) -> dict:

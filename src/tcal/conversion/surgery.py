@@ -15,7 +15,9 @@ from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.modules.gdn import GatedDeltaNet
 from tcal.utils.errors import TcalError
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
+# families whose RMSNorm multiplies by (1 + w): their q/k norm weight w is 1 + w in a GDN's HeadRMSNorm
+ZERO_CENTRED_NORMS = ("gemma3_text",)
 
 
 def check_teacher(teacher: PreTrainedModel) -> None:
@@ -58,7 +60,7 @@ def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], target: str
     attn = teacher.model.layers[keep[0]].self_attn
     teacher_types = getattr(tcfg, "layer_types", None) or [FULL] * tcfg.num_hidden_layers
     layer_types = [teacher_types[i] if i in keep else LINEAR for i in range(tcfg.num_hidden_layers)]
-    fixed, base_over = target_options(target, tcfg)
+    target, fixed, base_over = target_options(target, tcfg)
     base = {**tcfg.to_dict(), **base_over}
     options = {
         "gdn_qkv_bias": attn.q_proj.bias is not None,
@@ -89,8 +91,9 @@ def repeat_kv_rows(w: torch.Tensor, num_kv_heads: int, num_heads: int) -> torch.
 
 
 @torch.no_grad()
-def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: int) -> None:
-    """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried where the GDN layer has them."""
+def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: int, zero_centred: bool = False) -> None:
+    """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried where the GDN layer has them
+    (``zero_centred``: the teacher's norms multiply by 1 + w)."""
     H = gdn.num_heads
     gdn.q_proj.weight.copy_(attn.q_proj.weight)
     gdn.k_proj.weight.copy_(repeat_kv_rows(attn.k_proj.weight, num_kv_heads, H))
@@ -103,8 +106,9 @@ def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: i
     if gdn.shape.o_bias:
         gdn.o_proj.bias.copy_(attn.o_proj.bias)
     if gdn.shape.qk_norm:
-        gdn.q_norm.weight.copy_(attn.q_norm.weight)
-        gdn.k_norm.weight.copy_(attn.k_norm.weight)
+        shift = 1.0 if zero_centred else 0.0
+        gdn.q_norm.weight.copy_(attn.q_norm.weight + shift)
+        gdn.k_norm.weight.copy_(attn.k_norm.weight + shift)
 
 
 def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, target: str = DEFAULT_TARGET,
@@ -125,7 +129,8 @@ def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, t
     gen = torch.Generator(device=param.device).manual_seed(seed)
     for i, gdn in hybrid.gdn_modules().items():
         gdn.reset_parameters(std=cfg.initializer_range, generator=gen)
-        copy_attention_into_gdn(teacher.model.layers[i].self_attn, gdn, cfg.num_key_value_heads)
+        copy_attention_into_gdn(teacher.model.layers[i].self_attn, gdn, cfg.num_key_value_heads,
+                                zero_centred=teacher.config.model_type in ZERO_CENTRED_NORMS)
     if teacher.generation_config is not None:
         hybrid.generation_config = teacher.generation_config
     hybrid.train(teacher.training)

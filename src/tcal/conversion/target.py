@@ -19,14 +19,18 @@ from __future__ import annotations
 
 from tcal.utils.errors import TcalError
 
-TARGETS = ("native", "qwen3_5")
-# the default since it measured as good as native at every budget (docs/results.md, "Serving layout")
-DEFAULT_TARGET = "qwen3_5"
+TARGETS = ("auto", "qwen3_5", "native")
+# auto: qwen3_5 wherever the layout expresses the teacher (it measured as good as native at every budget:
+# docs/results.md, *Serving layout*), native for the families it cannot (Gemma 3)
+DEFAULT_TARGET = "auto"
 LAYOUT_EPS = 1e-6
+# the teacher families whose decoder layers the layout holds: two norms per layer, SiLU MLP, unscaled embeddings
+LAYOUT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 TARGET_HELP = ("layout the hybrid is built for: qwen3_5 (the Qwen3.5 dense layout that transformers, vLLM, SGLang and "
-               "llama.cpp run; export it with tcal export) or native (tcal's own, which carries a teacher's q/k/v "
-               "biases and q/k norms into the GDN layers; runs where tcal is imported)")
+               "llama.cpp run; export it with tcal export), native (tcal's own, which carries a teacher's q/k/v "
+               "biases and q/k norms into the GDN layers; runs where tcal is imported), or auto (qwen3_5 where the "
+               "layout can express the teacher, native otherwise, e.g. Gemma 3)")
 
 
 def check_target(target: str) -> str:
@@ -40,7 +44,11 @@ def layout_blocker(config) -> str | None:
 
     The layout's MLP and GDN conv both take ``hidden_act`` (SiLU), its MLP has no bias and its attention
     no sliding window."""
-    act = getattr(config, "hidden_act", "silu")
+    family = getattr(config, "model_type", None)
+    if family not in LAYOUT_FAMILIES:
+        return (f"the teacher is a {family!r} model; the Qwen3.5 layout holds {', '.join(LAYOUT_FAMILIES)} decoder "
+                "layers (two norms per layer, a SiLU MLP, unscaled embeddings)")
+    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None) or "silu"
     if act != "silu":
         return f"the teacher's activation is {act!r}; the Qwen3.5 layout uses SiLU in its MLP and GDN layers"
     if getattr(config, "mlp_bias", False):
@@ -55,16 +63,23 @@ def layout_blocker(config) -> str | None:
     return None
 
 
-def target_options(target: str, config) -> tuple[dict, dict]:
-    """(HybridConfig gdn_* options, teacher-config overrides) that build a hybrid for ``target``.
-
-    The native target changes nothing. Raises a TcalError when the teacher cannot be expressed."""
+def resolve_target(target: str, config) -> str:
+    """``auto`` -> qwen3_5 where the layout expresses the teacher, else native; the others as they are."""
     check_target(target)
+    if target == "auto":
+        return "native" if layout_blocker(config) else "qwen3_5"
+    return target
+
+
+def target_options(target: str, config) -> tuple[str, dict, dict]:
+    """(the resolved target, HybridConfig gdn_* options, teacher-config overrides) that build a hybrid for
+    ``target``. The native target changes nothing. Raises a TcalError when the teacher cannot be expressed."""
+    target = resolve_target(target, config)
     if target == "native":
-        return {}, {}
+        return target, {}, {}
     blocker = layout_blocker(config)
     if blocker:
         raise TcalError(f"--target qwen3_5: {blocker}; convert with --target native")
     gdn = dict(gdn_qkv_bias=False, gdn_o_bias=False, gdn_qk_norm=False, gdn_beta_bias=False,
                gdn_output_gate=True, gdn_norm_eps=LAYOUT_EPS)
-    return gdn, {"rms_norm_eps": LAYOUT_EPS}
+    return target, gdn, {"rms_norm_eps": LAYOUT_EPS}

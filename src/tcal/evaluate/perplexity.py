@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from tcal.data.corpora import as_corpus
-from tcal.data.tokens import token_windows
+from tcal.data.tokens import token_windows, window_prefix
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
 
@@ -86,8 +86,9 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
                             "(or token windows as an (N, W) tensor)")
         corpus = as_corpus(data, cache_dir=cache_dir)
         name, dhash = corpus.name, corpus.content_hash[:16]
-        stride = stride or window
         ids = token_windows(corpus, tokenizer, window=window, n_windows=windows, stride=stride, cache_dir=cache_dir)
+        prefix = window_prefix(tokenizer)
+        stride = stride or window - len(prefix)
     total, count = window_nll(model, ids, batch_size=batch_size, device=device, progress=progress,
                               desc=f"perplexity {name}")
     nll = total / count
@@ -104,6 +105,7 @@ def perplexity_report(model, tokenizer, data, window: int = 512, windows: int = 
         "window": window,
         "windows": windows,
         "stride": stride,
+        "window_prefix": None if isinstance(data, torch.Tensor) else prefix,  # e.g. [BOS]: every window starts so
         "data": name,
         "data_hash": dhash,
         "model": getattr(cfg, "name_or_path", None) or type(model).__name__,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 
-from tcal.modules.config import GDNShape
+from tcal.modules.config import GDN_OPTIONS, GDNShape
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # Fields the generation / cache machinery reads off the top-level config.
@@ -30,16 +30,12 @@ class HybridConfig(PreTrainedConfig):
     base_config: dict | None = None  # the teacher's config.to_dict()
     layer_types: list[str] | None = None  # "full_attention" / "linear_attention" per layer
     target: str = "native"  # the layout the hybrid was built to fit (tcal.conversion.target)
-    gdn_use_short_conv: bool = False
-    gdn_conv_size: int = 4
-    gdn_qkv_bias: bool = False
-    gdn_beta_bias: bool = True
-    gdn_o_bias: bool = False
-    gdn_qk_norm: bool = False
-    gdn_output_gate: bool = True
-    gdn_norm_eps: float = 1e-5
-    gdn_backend: str = "auto"
-    gdn_chunk_size: int = 64
+    # gdn_<name> for every GDNShape option, with its default: the options are declared once, in
+    # tcal.modules.config, and a saved config.json holds them flat, as hybrids always have
+    for _option in GDN_OPTIONS:
+        __annotations__[f"gdn_{_option.name}"] = _option.type
+        locals()[f"gdn_{_option.name}"] = _option.default
+    del _option
     # Mirrors of the teacher's fields (filled from base_config).
     vocab_size: int | None = None
     hidden_size: int | None = None
@@ -86,13 +82,8 @@ class HybridConfig(PreTrainedConfig):
         return cfg
 
     def gdn_shape(self) -> GDNShape:
-        return GDNShape(
-            hidden_size=self.hidden_size, num_heads=self.num_attention_heads, head_dim=self.head_dim,
-            use_short_conv=self.gdn_use_short_conv, conv_size=self.gdn_conv_size, qkv_bias=self.gdn_qkv_bias,
-            beta_bias=self.gdn_beta_bias,
-            o_bias=self.gdn_o_bias, qk_norm=self.gdn_qk_norm, output_gate=self.gdn_output_gate,
-            norm_eps=self.gdn_norm_eps, backend=self.gdn_backend, chunk_size=self.gdn_chunk_size,
-        )
+        return GDNShape(hidden_size=self.hidden_size, num_heads=self.num_attention_heads, head_dim=self.head_dim,
+                        **{f.name: getattr(self, f"gdn_{f.name}") for f in GDN_OPTIONS})
 
 
 AutoConfig.register(HybridConfig.model_type, HybridConfig, exist_ok=True)

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 ATTENTION = "tcal_static"
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 
 
 @dataclass
@@ -145,6 +145,12 @@ def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.float(), b.float())
 
 
+def window_band(q_slots: torch.Tensor, k_slots: torch.Tensor, window: int) -> torch.Tensor:
+    """(T, L) bool: key slot k is within ``window`` tokens of query slot q (q - k < window), as transformers'
+    sliding-window layers attend. Slots are positions plus the row's left padding, the same for q and k."""
+    return (q_slots[:, None] - k_slots[None, :]) < window
+
+
 def _static_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     spec = attention_mask
     if not isinstance(spec, StaticAttention):
@@ -214,6 +220,7 @@ class StaticHybridCache:
                 self.keys[i] = torch.zeros(B, hkv, L, d, device=dev, dtype=dtype)
                 self.values[i] = torch.zeros(B, hkv, L, d, device=dev, dtype=dtype)
         self.valid = torch.zeros(B, L, device=dev, dtype=torch.bool)
+        self.slot_idx = torch.arange(L, device=dev)  # for the sliding windows' decode masks
         self.pos = torch.zeros(1, device=dev, dtype=torch.long)
         self.pad = torch.zeros(B, device=dev, dtype=torch.long)
         self.tok = torch.zeros(B, 1, device=dev, dtype=torch.long)  # the decode step's input token
@@ -287,14 +294,16 @@ class FastDecoder:
             raise TcalError(f"FastDecoder needs max_len >= 1 and batch_size >= 1 (got {max_len}, {batch_size})")
         layers = model.model.layers
         self.gdn = {i: l.self_attn for i, l in enumerate(layers) if isinstance(l.self_attn, GatedDeltaNet)}
-        attn = [l.self_attn for l in layers if not isinstance(l.self_attn, GatedDeltaNet)]
-        for a in attn:
-            # qwen2 keeps the window on the module (None unless the layer slides); mistral reads its config
+        attn = {i: l.self_attn for i, l in enumerate(layers) if not isinstance(l.self_attn, GatedDeltaNet)}
+        # the window of each sliding attention layer: qwen2 and gemma3 keep it on the module (None unless the
+        # layer slides), mistral reads its config; a window as long as the cache never slides
+        self.windows = {}
+        for i, a in attn.items():
             window = a.sliding_window if hasattr(a, "sliding_window") else getattr(a.config, "sliding_window", None)
             if window and max_len > window:
-                raise TcalError(f"layer {a.layer_idx} attends through a sliding window of {window} tokens, which "
-                                f"the static cache does not implement; use max_len <= {window} or model.generate()")
-        self._configs = [a.config for a in attn]
+                self.windows[i] = int(window)
+        self._configs = [a.config for a in attn.values()]
+        self._rope_by_type = self._rope_layer_types(model.model)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":
@@ -381,16 +390,34 @@ class FastDecoder:
 
     # -- one forward over the teacher's own modules ----------------------------------------------------
 
-    def _forward(self, ids, position_ids, spec: StaticAttention, keep) -> torch.Tensor:
+    @staticmethod
+    def _rope_layer_types(inner) -> list[str] | None:
+        """Each layer's type where the model rotates by layer type (Gemma 3: local and global RoPE bases), else
+        None (one rotary embedding for every layer)."""
+        import inspect
+
+        types = getattr(inner.config, "layer_types", None)
+        if types and "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters:
+            return list(types)
+        return None
+
+    def _forward(self, ids, position_ids, specs: dict, keep) -> torch.Tensor:
+        """``specs``: the StaticAttention of full attention (key None) and of each sliding window size."""
         inner = self.model.model
         kw = {compat.CACHE_KWARG: self.cache, "use_cache": True}
         if keep is not None:
             kw["tcal_keep"] = keep
         h = inner.embed_tokens(ids)
-        pe = inner.rotary_emb(h, position_ids)
+        types = self._rope_by_type
+        if types is None:
+            pe = [inner.rotary_emb(h, position_ids)] * len(inner.layers)
+        else:
+            by_type = {t: inner.rotary_emb(h, position_ids, t) for t in set(types)}
+            pe = [by_type[t] for t in types]
         with compat.attention_implementation(self._configs, ATTENTION):
-            for layer in inner.layers:
-                out = layer(h, attention_mask=spec, position_ids=position_ids, position_embeddings=pe, **kw)
+            for i, layer in enumerate(inner.layers):
+                out = layer(h, attention_mask=specs[self.windows.get(i)], position_ids=position_ids,
+                            position_embeddings=pe[i], **kw)
                 h = out[0] if isinstance(out, tuple) else out
         return self.model.lm_head(inner.norm(h[:, -1:]))[:, -1]  # (B, V): the last position's logits
 
@@ -399,22 +426,33 @@ class FastDecoder:
         B, T = ids.shape
         c.reset()
         c.write_idx = torch.arange(T, device=self.device)
+        slots = torch.arange(T, device=self.device)
+        causal = torch.ones(T, T, device=self.device, dtype=torch.bool).tril()[None, None]
         if padded:
             m = mask.bool()
             c.valid[:, :T].copy_(m)
             c.pad.copy_((~m).sum(-1))
             position_ids = (mask.long().cumsum(-1) - 1).clamp_min(0)
-            allowed = torch.ones(T, T, device=self.device, dtype=torch.bool).tril()[None, None] & m[:, None, None, :]
-            # A padded query sees no real key; let it see everything (its output is never used) rather than
-            # softmax over nothing, which is NaN and would reach real tokens through 0 * NaN.
-            allowed = allowed | ~allowed.any(-1, keepdim=True)
-            spec, keep = StaticAttention(allowed, T), mask.to(torch.float32)
+            keep = mask.to(torch.float32)
         else:
             c.valid[:, :T] = True
-            position_ids = torch.arange(T, device=self.device)[None].expand(B, T)
-            spec, keep = StaticAttention(None, T), None
+            position_ids = slots[None].expand(B, T)
+            keep = None
+
+        def spec(window):
+            if window is None and not padded:
+                return StaticAttention(None, T)  # plain causal: SDPA's own causal kernel
+            allowed = causal if window is None else causal & window_band(slots, slots, window)
+            if padded:
+                allowed = allowed & m[:, None, None, :]
+                # A padded query sees no real key; let it see everything (its output is never used) rather than
+                # softmax over nothing, which is NaN and would reach real tokens through 0 * NaN.
+                allowed = allowed | ~allowed.any(-1, keepdim=True)
+            return StaticAttention(allowed, T)
+
+        specs = {w: spec(w) for w in {None, *self.windows.values()}}
         with self._compiled_glue("prefill"):
-            logits = self._forward(ids, position_ids, spec, keep)
+            logits = self._forward(ids, position_ids, specs, keep)
         c.pos.fill_(T)
         return logits
 
@@ -477,8 +515,12 @@ class FastDecoder:
         c.valid.index_fill_(1, c.pos, True)
         position_ids = (c.pos - c.pad).view(-1, 1)
         with self._compiled_glue():
-            spec = StaticAttention(c.valid[:, None, None, :], None, self._attention_glue() if self._use_glue else None)
-            logits = self._forward(c.tok, position_ids, spec, None)
+            fuse = self._attention_glue() if self._use_glue else None
+            specs = {None: StaticAttention(c.valid[:, None, None, :], None, fuse)}
+            for w in set(self.windows.values()):  # slots within the window of the token at slot pos
+                near = window_band(c.pos, c.slot_idx, w)  # (1, L)
+                specs[w] = StaticAttention((c.valid & near)[:, None, None, :], None, fuse)
+            logits = self._forward(c.tok, position_ids, specs, None)
         c.pos.add_(1)
         c.tok.copy_(logits.argmax(-1, keepdim=True))
         return logits

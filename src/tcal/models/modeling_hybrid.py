@@ -109,3 +109,4 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
 
 
 AutoModelForCausalLM.register(HybridConfig, HybridForCausalLM, exist_ok=True)
+compat.install_cache_redirect()

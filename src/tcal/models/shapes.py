@@ -2,6 +2,15 @@
 (speed and memory do not depend on the values): ``random_model("qwen2.5-1.5b")``."""
 from __future__ import annotations
 
+import copy
+
+# Gemma 3: five sliding-window layers (512 tokens, RoPE base 10K) to one global layer (base 1M), 4 query heads on
+# one KV head of dim 256
+_GEMMA3 = dict(model_type="gemma3_text", num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+               vocab_size=262144, max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256,
+               rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+               tie_word_embeddings=True)
 SHAPES = {
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
@@ -12,6 +21,8 @@ SHAPES = {
     "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                          max_position_embeddings=8192, rope_theta=1e5, tie_word_embeddings=True),
+    "gemma3-270m": dict(_GEMMA3, hidden_size=640, intermediate_size=2048, num_hidden_layers=18),
+    "gemma3-1b": dict(_GEMMA3, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26),
 }
 
 
@@ -28,7 +39,7 @@ def shape_config(name: str, *, num_layers: int = 0):
     """The transformers config of the shape ``name`` (``num_layers`` overrides the depth)."""
     from transformers import AutoConfig
 
-    shape = dict(SHAPES[name])
+    shape = copy.deepcopy(SHAPES[name])  # a config may keep (and change) the nested rope dicts
     if num_layers:
         shape["num_hidden_layers"] = num_layers
     return AutoConfig.for_model(shape.pop("model_type"), **shape)

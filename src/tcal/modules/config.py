@@ -1,14 +1,20 @@
-"""Construction options of a GatedDeltaNet layer (plain data, no torch)."""
+"""Construction options of a GatedDeltaNet layer (plain data, no torch).
+
+The one declaration of the GDN options: ``HybridConfig`` stores each option after the size fields as
+``gdn_<name>`` (:data:`GDN_OPTIONS`), and rebuilds a GDNShape from them.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass
 class GDNShape:
+    # sizes: the teacher's
     hidden_size: int
     num_heads: int
     head_dim: int
+    # options
     use_short_conv: bool = False
     conv_size: int = 4
     qkv_bias: bool = False
@@ -22,3 +28,7 @@ class GDNShape:
     chunk_size: int = 64
 
 
+
+
+SIZES = ("hidden_size", "num_heads", "head_dim")
+GDN_OPTIONS = tuple(f for f in fields(GDNShape) if f.name not in SIZES)

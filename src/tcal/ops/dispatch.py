@@ -22,15 +22,15 @@ import os
 
 import torch
 
-from tcal.utils.errors import TcalError
 from tcal.ops.chunk import chunk_gated_delta_rule_torch, chunk_scan_gated_delta_rule_torch
 from tcal.ops.naive import naive_recurrent_gated_delta_rule
+from tcal.utils.errors import TcalError
 
 BACKENDS = ("auto", "naive", "chunk", "scan", "fla")
 # Training on a GPU through the PyTorch paths (fla cannot train there, or calibration keeps off fla): from this
 # many chunks on, "auto" passes the state by the scan. The loop's small per-chunk kernels leave the GPU waiting on
 # the host: on the H200 the scan beat the loop, compiled or not, at 32 chunks, and the compiled loop beat the scan
-# at 8 (README, *The scan backend*).
+# at 8 (docs/results.md, *The scan backend*).
 SCAN_MIN_CHUNKS = 32
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def torch_only(on: bool):
     """Within the block (``on``), backend "auto" runs every call on the PyTorch paths, with or without
     gradients. Calibration takes it where fla cannot train: its fits then score their held-out checks
     with the kernel they train through, and a process that only calibrates does not pay fla's one-time
-    Triton compile and autotune for its few inference calls (README: the Qwen2.5-1.5B-shape timing)."""
+    Triton compile and autotune for its few inference calls (docs/results.md, *Calibration time*)."""
     previous, _COMPILE["torch_only"] = _COMPILE["torch_only"], bool(on)
     try:
         yield

@@ -12,7 +12,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
+from tcal.taylor.budget import CalibArgs
+from tcal.utils.config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
 log = logging.getLogger("tcal")
 
@@ -49,7 +50,7 @@ def _check(cfg: AblateConfig):
 
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
-    parse_policy(parse_keep(cfg.keep), num_layers=1 << 30)
+    parse_policy(parse_keep(cfg.keep), num_layers=None)
     cfg.check_calib()
     cfg.check_eval()
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
@@ -67,8 +68,6 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.data.tokens import token_windows
     from tcal.evaluate import perplexity_report
     from tcal.report.plots import plot_ablation
-    from tcal.taylor.kl_stage import KLConfig
-    from tcal.taylor.phase2 import AlignConfig
     from tcal.taylor.pipeline import prepare
     from tcal.utils.atomic import atomic_dir, write_json, written_files
     from tcal.utils.errors import TcalError
@@ -76,11 +75,11 @@ def run(cfg: AblateConfig) -> dict:
 
     out, inits = _check(cfg)
     device = resolve_device(cfg.device)
-    budget, calib_windows, calib_window, align_kw, kl_kw = cfg.budget(device)
+    budget = cfg.budget(device)
+    align, kl = budget.align, budget.kl
     if device == "cpu":  # the default run stays within 15 minutes on 2 CPU cores
-        align_kw["steps"] = CPU_ALIGN_STEPS if cfg.align_steps is None else cfg.align_steps
-        kl_kw["steps"] = CPU_KL_STEPS if cfg.kl_steps is None else cfg.kl_steps
-    align, kl = AlignConfig(**align_kw), KLConfig(**kl_kw)
+        align = dataclasses.replace(align, steps=CPU_ALIGN_STEPS if cfg.align_steps is None else cfg.align_steps)
+        kl = dataclasses.replace(kl, steps=CPU_KL_STEPS if cfg.kl_steps is None else cfg.kl_steps)
     t_start = time.perf_counter()
     teacher, tok = load_teacher(cfg.teacher, device=device)
     if tok is None:
@@ -103,7 +102,7 @@ def run(cfg: AblateConfig) -> dict:
     calibration, stats_s = None, 0.0
     if any(get_init(i).calibrated for i in inits):
         t0 = time.perf_counter()
-        ids = calibration_ids(cfg.calib, tok, calib_window, calib_windows)
+        ids = calibration_ids(cfg.calib, tok, budget.window, budget.windows)
         calibration = prepare(teacher, ids, gdn_layers, heldout_frac=align.heldout_frac,
                               max_heldout=align.heldout_max_sequences, progress=cfg.progress)
         stats_s = time.perf_counter() - t0
@@ -134,8 +133,8 @@ def run(cfg: AblateConfig) -> dict:
         "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"],
         "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "keep": keep, "gdn_layers": gdn_layers,
         "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
-        "calibration": {"data": cfg.calib, "windows": calib_windows, "window": calib_window, "budget": budget,
-                        "align": align_kw, "kl": kl_kw,
+        "calibration": {"data": cfg.calib, "windows": budget.windows, "window": budget.window, "budget": budget.name,
+                        "align": dataclasses.asdict(align), "kl": dataclasses.asdict(kl),
                         **(calibration.record() if calibration is not None else {}),
                         "role": "teacher statistics, Phase 1 and Phase 2 training on the first 75% of the "
                                 "sequences; the last 25% only pick Phase 2's best state"},

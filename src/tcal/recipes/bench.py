@@ -26,7 +26,7 @@ ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hy
         "teacher-llama.cpp", "hybrid-llama.cpp")
 LLAMA_CPP_ROWS = ("teacher-llama.cpp", "hybrid-llama.cpp")
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # tcal.export.gguf.FILE_TYPES
-BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell (bench/hybrid_speed.py's count)
+BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell
 CHECK_STEPS = 64
 
 

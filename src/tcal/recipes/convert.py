@@ -9,7 +9,8 @@ from pathlib import Path
 from tcal.conversion.inits import INITS
 from tcal.conversion.policy import POLICIES
 from tcal.conversion.target import DEFAULT_TARGET, TARGET_HELP, TARGETS
-from tcal.utils.config import CalibArgs, DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
+from tcal.taylor.budget import CalibArgs
+from tcal.utils.config import DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 
 KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
@@ -51,8 +52,6 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate import perplexity_report
-    from tcal.taylor.kl_stage import KLConfig
-    from tcal.taylor.phase2 import AlignConfig
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.runtime import resolve_dtype
 
@@ -60,7 +59,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
-    parse_policy(keep, num_layers=1 << 30)  # the policy's syntax; its K is checked against the teacher later
+    parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
     evaluate = cfg.eval.lower() != "none"
     if cfg.kl_recall_frac and not spec.kl:  # asked for by flag; a budget's own mix simply goes unused
         raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
@@ -74,26 +73,28 @@ def _run(cfg: ConvertConfig, world) -> Path:
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
         eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
     device, dtype = world.device, resolve_dtype(cfg.dtype)
-    budget, windows, window, align, kl = cfg.budget(device)
+    budget = cfg.budget(device)
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
-        calib_window=window, calib_windows=windows, progress=cfg.progress and world.is_main(),
+        calib_window=budget.window, calib_windows=budget.windows, progress=cfg.progress and world.is_main(),
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, target=cfg.target,
-        **({"align": AlignConfig(**align)} if spec.calibrated else {}),
-        **({"kl": KLConfig(**kl)} if spec.kl else {}),
+        **({"align": budget.align} if spec.calibrated else {}),
+        **({"kl": budget.kl} if spec.kl else {}),
     )
     hybrid, record = conv.hybrid, conv.record
     timings["convert_s"] = time.perf_counter() - t0
     if not world.is_main():  # every rank holds the same hybrid; rank 0 evaluates and writes it
         return out
-    report = {"teacher": cfg.teacher, "init": cfg.init, "target": cfg.target, "layer_types": hybrid.config.layer_types,
+    report = {"teacher": cfg.teacher, "init": cfg.init, "target": hybrid.config.target, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
-              "calibration": record.get("calibration") and {**record["calibration"], "budget": budget, "align": align,
-                                                                 **({"kl": kl} if spec.kl else {})}}
+              "warnings": record.get("warnings", []),
+              "calibration": record.get("calibration") and {
+                  **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
+                  **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
     if evaluate:
         report["eval"] = {
             name: {d: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows,
@@ -119,12 +120,13 @@ def _run(cfg: ConvertConfig, world) -> Path:
 
 
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
-    lt = report["layer_types"]
+    lt, target = report["layer_types"], report.get("target", cfg.target)
     lines = [f"# tcal convert: {cfg.teacher} -> hybrid ({cfg.init})", "",
-             f"- layout: {cfg.target}" + (" (exports to the Qwen3.5 layout with `tcal export`)"
-                                          if cfg.target == "qwen3_5" else ""),
+             f"- layout: {target}" + (" (exports to the Qwen3.5 layout with `tcal export`)"
+                                     if target == "qwen3_5" else ""),
              f"- attention kept at {[i for i, t in enumerate(lt) if t != 'linear_attention']}, "
              f"{lt.count('linear_attention')}/{len(lt)} layers converted to Gated DeltaNet"]
+    lines += [f"- warning: {w}" for w in report.get("warnings", [])]
     if report.get("calibration"):
         c = report["calibration"]
         lines.append(f"- calibration data: `{c['data']}`, {c['sequences']} x {c['tokens_per_sequence']} tokens "

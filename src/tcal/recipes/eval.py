@@ -65,8 +65,10 @@ def retrieval_tasks(spec: str) -> list[str]:
 def run(cfg: EvalConfig) -> dict:
     import json
 
+    from tcal.data.corpora import as_corpus
     from tcal.data.teachers import load_teacher
     from tcal.evaluate import perplexity_report
+    from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
     if cfg.lm_eval.strip():
@@ -76,8 +78,13 @@ def run(cfg: EvalConfig) -> dict:
         return {"tasks": {"ppl": ["ppl"], "retrieval": list(RETRIEVAL_TASKS), "lm_eval": list(LOCAL_HARNESS_TASKS)}}
     if cfg.task != "ppl":
         return run_retrieval(cfg)
+    if cfg.window < 2:
+        raise TcalError(f"--window must be at least 2 tokens, got {cfg.window}")
+    if cfg.windows < 1:
+        raise TcalError(f"--windows must be at least 1, got {cfg.windows}")
+    corpus = as_corpus(cfg.data)  # a missing path or a binary file is reported before the model loads
     model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
-    rep = perplexity_report(model, tokenizer, cfg.data, window=cfg.window, windows=cfg.windows,
+    rep = perplexity_report(model, tokenizer, corpus, window=cfg.window, windows=cfg.windows,
                             progress=cfg.progress)
     print(json.dumps(rep, indent=2, default=str))
     print(f"{cfg.model}: PPL {rep['ppl']:.3f} on {cfg.data} ({cfg.windows} x {cfg.window} tokens)")

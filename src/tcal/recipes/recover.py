@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcal.recipes.distill import DistillConfig, finish_run, passkey_probes, start_partial
+from tcal.taylor.budget import CalibArgs
 from tcal.train.config import SCHEDULES, TrainOptions
-from tcal.utils.config import CalibArgs, GDNArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.config import GDNArgs, OutArgs, TeacherArgs, arg
 
 # Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
 RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "teacher_placement",
@@ -63,11 +64,9 @@ def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConf
 
 def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     """Check every argument, then open (or reopen, with --resume) the partial directory (rank 0)."""
-    from tcal.conversion.inits import parse_inits
-    from tcal.conversion.policy import parse_keep
+    from tcal.conversion.inits import get_init, parse_inits
+    from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import check_disjoint
-    from tcal.conversion.inits import get_init
-    from tcal.conversion.policy import parse_policy
     from tcal.train import distributed as D
     from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import check_out
@@ -83,7 +82,7 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     keep = parse_keep(cfg.keep)
     if isinstance(keep, str):
         raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
-    parse_policy(keep, num_layers=1 << 30)
+    parse_policy(keep, num_layers=None)
     if not str(cfg.data).strip():
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
     if any(get_init(i).calibrated for i in inits):
@@ -143,16 +142,13 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     torchrun every rank converts (calibration spreads its layers over the ranks) and rank 0 saves."""
     import torch
 
-    from tcal.train import distributed as D
-
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.data.streams import eval_windows_for
-    from tcal.taylor.kl_stage import KLConfig
-    from tcal.taylor.phase2 import AlignConfig
+    from tcal.train import distributed as D
     from tcal.train.checkpoint import load_model, save_model
-    from tcal.utils.runtime import model_device
     from tcal.utils.atomic import write_json
+    from tcal.utils.runtime import model_device
 
     main = world.is_main()
     converted, info_file = work / f"{init}.converted", work / f"{init}.init.json"
@@ -164,11 +160,11 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     kw = {}
     if spec.calibrated:
         # the first windows of --calib: a corpus (tokenised), a .npy token file or a token pool
-        _, _, _, align, kl = cfg.budget(str(model_device(teacher)))
+        budget = cfg.budget(str(model_device(teacher)))
         calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
-        kw = {"calib_ids": calib_ids, "align": AlignConfig(**align), "progress": cfg.progress and main}
+        kw = {"calib_ids": calib_ids, "align": budget.align, "progress": cfg.progress and main}
         if spec.kl:
-            kw["kl"] = KLConfig(**kl)
+            kw["kl"] = budget.kl
     t1 = time.time()
     torch.manual_seed(cfg.seed)
     conv = convert_with_record(teacher, keep, init, seed=cfg.seed, use_short_conv=cfg.use_short_conv,
@@ -269,7 +265,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work)}
 
-        def publish_run():
+        def publish_run(student=student):
             finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}")
             converted = work / f"{init}.converted"
             if cfg.keep_init and converted.is_dir():

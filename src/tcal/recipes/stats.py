@@ -19,11 +19,11 @@ class StatsConfig(TeacherArgs, OutArgs, DeviceArgs):
 
 def run(cfg: StatsConfig) -> dict:
     from tcal.conversion.policy import parse_keep
+    from tcal.data.corpora import as_corpus
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import token_windows
     from tcal.report.plots import plot_stats
     from tcal.taylor.statistics import collect_stats, save_stats, summarise
-    from tcal.data.corpora import as_corpus
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from tcal.utils.errors import TcalError
 
-
 TARGET_FACTORS = (1.1, 1.2, 1.5, 2.0)
 
 

@@ -8,7 +8,6 @@ import torch
 from tcal.modules.gdn import inverse_softplus
 from tcal.taylor.statistics import sum_per_head
 
-
 LN2 = math.log(2.0)
 
 

@@ -6,93 +6,27 @@ up in the residual stream and nothing ever sees their sum. This stage trains the
 forward KL(teacher || hybrid) of the next-token distributions over the calibration training
 sequences. The state kept is the one of lowest KL on the held-out calibration sequences, which
 are evaluated before the first step too, so the stage can never return a worse model than it
-was given (on those sequences).
+was given (on those sequences). The schedule, held-out checks, patience and non-finite guard are the
+fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.config.KLConfig`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from tcal.data.recall import recall_rows
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
-from tcal.taylor.capture import eager_attention, hooks
-from tcal.taylor.phase2 import lr_factor
+from tcal.taylor.config import KLConfig
 from tcal.utils.errors import TcalError
+from tcal.utils.fit import begin, nonfinite
+from tcal.utils.fit_tensors import heldout_step, restore, set_lr, snapshot
 from tcal.utils.runtime import memory_budget
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class KLConfig:
-    steps: int = 0  # 0 = no KL stage
-    lr: float = 3e-4  # AdamW, every GDN parameter
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    batch_size: int = 4  # training sequences per step
-    eval_every: int = 5  # held-out KL every n steps (and at the last step)
-    # stop after this many held-out evaluations without a new best, and never before a tenth of the run
-    # (patience_frac): late in a long run the held-out KL still falls, slowly and with plateaus, and a fixed
-    # few checks cut a long stage off mid-descent (README, *Budget*)
-    patience: int | None = 4
-    patience_frac: float = 0.1
-    schedule: str = "cosine"
-    warmup_steps: int = 0
-    seed: int = 0
-    # keep the frozen teacher's final hidden states of the held-out and training sequences instead of
-    # a teacher forward per step and per evaluation, as far as they fit runtime.memory_budget
-    cache_teacher: bool = True
-    tf32: bool | None = None  # TF32 matrix products on CUDA (None or True; False: full fp32)
-    # Weight of an extra term: the relative MSE between the hybrid's and the teacher's residual streams
-    # entering each kept attention layer (0 = off). The logits' KL hardly sees whether a kept retrieval head
-    # still finds a distant token; this term asks for the inputs those heads were trained on. With it the
-    # teacher runs every step (its intermediate states are not cached).
-    attn_input_weight: float = 0.0
-    # Weight of an extra term: KL(teacher || hybrid) of the attention distributions of the kept attention
-    # layers (every head and query position; eager attention in both models; 0 = off).
-    attn_map_weight: float = 0.0
-    # Weight of an extra term: the relative MSE between the hybrid's and the teacher's queries of the kept attention
-    # layers (q_proj of the normed residual stream, every position). Patching the teacher's stream into the hybrid
-    # at the question's last token alone gives a kept retrieval head back its attention on a distant needle; at the
-    # needle's tokens it does not (bench/needle_patch.py): the query, not the key, is what the hybrid breaks.
-    attn_query_weight: float = 0.0
-    # The recall mix on the stage's sequences (tcal.data.recall; 0 = off): this share of the training and held-out
-    # calibration sequences ends with a copy of an earlier recall_span-token span of itself, so the KL, and the
-    # held-out KL that picks the state kept, also ask for copying from far back in the context.
-    recall_frac: float = 0.0
-    recall_span: int = 256
-
-    def __post_init__(self):
-        if self.steps < 0:
-            raise TcalError(f"KL stage steps must be >= 0, got {self.steps}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise TcalError(f"KL stage lr must be a finite number > 0, got {self.lr!r}")
-        if self.batch_size < 1 or self.eval_every < 1:
-            raise TcalError("KL stage batch_size and eval_every must be >= 1")
-        if self.patience is not None and self.patience < 1:
-            raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
-        if not (isinstance(self.patience_frac, (int, float)) and 0 <= self.patience_frac <= 1):
-            raise TcalError(f"KL stage patience_frac must be a share of the run in [0, 1], got {self.patience_frac!r}")
-        if not (isinstance(self.recall_frac, (int, float)) and 0 <= self.recall_frac <= 1):
-            raise TcalError(f"KL stage recall_frac must be a share in [0, 1], got {self.recall_frac!r}")
-        if self.recall_span < 1:
-            raise TcalError(f"KL stage recall_span must be >= 1 tokens, got {self.recall_span}")
-        for name in ("attn_input_weight", "attn_map_weight", "attn_query_weight"):
-            w = getattr(self, name)
-            if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-                raise TcalError(f"KL stage {name} must be a finite number >= 0, got {w!r}")
-
-    def stale_limit(self) -> int | None:
-        """Held-out evaluations without a new best that end the stage (None: it never stops early)."""
-        if self.patience is None:
-            return None
-        return max(self.patience, math.ceil(self.patience_frac * self.steps / self.eval_every))
 
 
 def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
@@ -110,46 +44,6 @@ def teacher_hidden(base_t, ids: torch.Tensor, batch_size: int, device) -> torch.
 def _hidden_bytes(teacher, ids: torch.Tensor) -> int:
     p = next(teacher.parameters())
     return ids.numel() * teacher.config.hidden_size * p.element_size()
-
-
-def kept_layer_terms(base_s, base_t, ids: torch.Tensor, layers, maps: bool = False, queries: bool = False):
-    """One pass of each decoder over ``ids`` (the teacher without grad): (hybrid's final hidden states, teacher's,
-    mean over ``layers`` of ||h_S - h_T||^2 / ||h_T||^2 for the residual streams entering them (hidden_states[i]
-    is layer i's input), and with ``maps`` the mean over those layers, heads and query positions of
-    KL(teacher || hybrid) of their attention distributions, else None; with ``queries`` the mean over those layers
-    of ||q_S - q_T||^2 / ||q_T||^2 for their query projections of the normed streams, else None)."""
-    probs: dict[str, dict[int, torch.Tensor]] = {"s": {}, "t": {}}
-    handles = []
-    if maps:
-        for tag, base in (("s", base_s), ("t", base_t)):
-            for i in layers:
-                handles.append(base.layers[i].self_attn.register_forward_hook(
-                    lambda _m, _a, res, tag=tag, i=i: probs[tag].__setitem__(i, res[1])))
-    with hooks(handles), (eager_attention(base_s) if maps else contextlib.nullcontext()), \
-            (eager_attention(base_t) if maps else contextlib.nullcontext()):
-        out_s = base_s(input_ids=ids, use_cache=False, output_hidden_states=True)
-        with torch.no_grad():
-            out_t = base_t(input_ids=ids, use_cache=False, output_hidden_states=True)
-    gaps = [(out_s.hidden_states[i].float() - out_t.hidden_states[i].float()).pow(2).sum()
-            / out_t.hidden_states[i].float().pow(2).sum().clamp_min(1e-30) for i in layers]
-    map_kl = None
-    if maps:
-        kls = []
-        for i in layers:
-            p_t, p_s = probs["t"][i].float(), probs["s"][i].float()  # (B, H, T, T), zero above the diagonal
-            kls.append((torch.xlogy(p_t, p_t) - p_t * p_s.clamp_min(1e-30).log()).sum(-1).mean())
-        map_kl = torch.stack(kls).mean()
-    q_gap = None
-    if queries:
-        qs = []
-        for i in layers:
-            blk_s, blk_t = base_s.layers[i], base_t.layers[i]
-            q_s = blk_s.self_attn.q_proj(blk_s.input_layernorm(out_s.hidden_states[i])).float()
-            with torch.no_grad():
-                q_t = blk_t.self_attn.q_proj(blk_t.input_layernorm(out_t.hidden_states[i])).float()
-            qs.append((q_s - q_t).pow(2).sum() / q_t.pow(2).sum().clamp_min(1e-30))
-        q_gap = torch.stack(qs).mean()
-    return out_s.last_hidden_state, out_t.last_hidden_state, torch.stack(gaps).mean(), map_kl, q_gap
 
 
 @torch.no_grad()
@@ -192,6 +86,8 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     base_t, head_t = lm_parts(teacher)
     dev = head_s.weight.device
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    base_lrs = [g["lr"] for g in opt.param_groups]
+    rules = cfg.fit_rules()
     gen = torch.Generator().manual_seed(cfg.seed)
     was_training, teacher_training = hybrid.training, teacher.training
     teacher.eval()
@@ -199,21 +95,14 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     # The teacher is frozen, so its hidden states of the fixed sequences never change: computed once they
     # save a teacher forward per step and one per held-out sequence per evaluation.
     held_t = train_t = None
-    # the kept attention layers past the first (layer 0's input is the embedding, the same in both models)
-    aux_layers = ([i for i in getattr(hybrid.config, "attention_layers", []) if i > 0]
-                  if cfg.attn_input_weight or cfg.attn_map_weight or cfg.attn_query_weight else [])
     if cfg.cache_teacher:
         room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
         if need <= room:
             held_t, room = teacher_hidden(base_t, heldout_ids, cfg.batch_size, dev), room - need
-        if not aux_layers and _hidden_bytes(teacher, train_ids) <= room:
+        if _hidden_bytes(teacher, train_ids) <= room:
             train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
-    gaps: list[float] = []
-    map_kls: list[float] = []
-    q_gaps: list[float] = []
-    best = before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
-    best_state, best_step, stale = [p.detach().clone() for p in params], 0, 0
-    stale_limit = cfg.stale_limit()
+    before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
+    fit, best_state = begin(before), snapshot(params)
     curve, held_curve = [], [(0, before)]
     steps = range(1, cfg.steps + 1)
     bar = tqdm(steps, desc="KL stage", unit="step", leave=False) if progress else None
@@ -224,71 +113,51 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
             p.requires_grad_(True)
         with torch.enable_grad():
             for step in bar if bar is not None else steps:
-                for g in opt.param_groups:
-                    g["lr"] = cfg.lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
+                set_lr(opt, base_lrs, rules.schedule.lr(step - 1))
                 idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
                 mb = train_ids[idx].to(dev)
-                gap = map_kl = q_gap = None
-                if aux_layers:  # one teacher pass gives its intermediate and its final states
-                    hs, ht, gap, map_kl, q_gap = kept_layer_terms(base_s, base_t, mb, aux_layers,
-                                                                  maps=bool(cfg.attn_map_weight), queries=True)
+                if train_t is not None:
+                    ht = train_t[idx.to(dev)]
                 else:
-                    if train_t is not None:
-                        ht = train_t[idx.to(dev)]
-                    else:
-                        with torch.no_grad():
-                            ht = final_hidden(base_t, mb)
-                    hs = final_hidden(base_s, mb)
+                    with torch.no_grad():
+                        ht = final_hidden(base_t, mb)
+                hs = final_hidden(base_s, mb)
                 # recomputing the logits in the backward only pays when they would not fit: below
                 # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
                 big = mb.numel() * head_s.weight.shape[0] > 2**28
                 loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s,
                                                    ht.reshape(-1, ht.shape[-1]), head_t, use_checkpoint=big)
-                if gap is not None:
-                    loss = loss + cfg.attn_input_weight * gap
-                    gaps.append(float(gap.detach()))
-                if map_kl is not None:
-                    loss = loss + cfg.attn_map_weight * map_kl
-                    map_kls.append(float(map_kl.detach()))
-                if q_gap is not None:  # recorded with any kept-layer term: how far the queries are
-                    if cfg.attn_query_weight:
-                        loss = loss + cfg.attn_query_weight * q_gap
-                    q_gaps.append(float(q_gap.detach()))
-                if not math.isfinite(kl):
-                    log.warning("KL stage: non-finite KL at step %d; restored the best state (step %d) and stopped",
-                                step, best_step)
-                    break
+                if not math.isfinite(kl):  # checked before the update, which is then never applied
+                    fit = nonfinite(rules, fit, step)
+                    if fit.stopped:
+                        log.warning("KL stage: non-finite KL at step %d; restored the best state (step %d) and "
+                                    "stopped", step, fit.best_step)
+                        break
+                    continue
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip:
                     torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 opt.step()
                 curve.append(kl)
-                if step % cfg.eval_every == 0 or step == cfg.steps:
-                    held = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
-                    held_curve.append((step, held))
-                    if math.isfinite(held) and held < best:
-                        best, best_state, best_step, stale = held, [p.detach().clone() for p in params], step, 0
-                    else:
-                        stale += 1
-                        if stale_limit is not None and stale >= stale_limit:
-                            break
+                fit, best_state = heldout_step(rules, fit, step,
+                                               lambda: mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t),
+                                               params, best_state, held_curve)
+                if fit.stopped:
+                    break
                 if bar is not None:
-                    bar.set_postfix(kl=f"{kl:.3f}", best=f"{best:.3f}")
+                    bar.set_postfix(kl=f"{kl:.3f}", best=f"{fit.best:.3f}")
     finally:
         if bar is not None:
             bar.close()
-        with torch.no_grad():
-            for p, s in zip(params, best_state):
-                p.copy_(s)
+        restore(params, best_state)
         for p in hybrid.parameters():
             p.requires_grad_(saved_flags[id(p)])
         hybrid.train(was_training)
         teacher.train(teacher_training)
-    return {"steps_run": len(curve), "best_step": best_step, "train_kl": curve, "heldout_curve": held_curve,
-            "heldout_kl_before": before, "heldout_kl": best,
+    return {"steps_run": len(curve), "best_step": fit.best_step, "train_kl": curve, "heldout_curve": held_curve,
+            "heldout_kl_before": before, "heldout_kl": fit.best,
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
             "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
-            "attn_input_layers": aux_layers, "train_attn_input_gap": gaps, "train_attn_map_kl": map_kls,
-            "train_attn_query_gap": q_gaps, "recall": {"frac": cfg.recall_frac, "span": cfg.recall_span},
+            "recall": {"frac": cfg.recall_frac, "span": cfg.recall_span},
             "wall_s": time.perf_counter() - t0}

@@ -4,22 +4,21 @@ For every converted layer independently: input = the teacher's normed hidden sta
 that layer (teacher-forced), target = the teacher's attention output after W_o, loss = MSE,
 optimiser = AdamW with two learning rates (the reference's: 1e-4 for W_q/W_k/W_v and what
 belongs to them, 1e-3 for the gate/decay parameters), W_o and o_norm frozen. The inputs and
-targets of every layer come from ONE teacher pass (:func:`tcal.stats.capture_teacher_io`),
+targets of every layer come from ONE teacher pass (:func:`tcal.taylor.capture.capture_teacher_io`),
 and the layers are then trained back to back.
 
 The state kept is the best one on a held-out slice of the calibration sequences (the last
 ``heldout_frac`` of them, split off by :func:`tcal.taylor.pipeline.calibrate`), not the one with
 the lowest training loss: on a few calibration sequences the training loss keeps falling while
-the held-out fit gets worse.
+the held-out fit gets worse. The schedule, held-out checks, patience and non-finite guard are the
+fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.config.AlignConfig`.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,93 +27,18 @@ from tqdm.auto import tqdm
 from tcal.modules.gdn import GatedDeltaNet
 from tcal.modules.gdn_stack import GDNStack
 from tcal.taylor.capture import LayerIO
+from tcal.taylor.config import AlignConfig
 from tcal.taylor.layer_fit import gdn_device_dtype, layer_output, output_fit
 from tcal.utils.errors import TcalError
+from tcal.utils.fit import FitState, begin, heldout_check, nonfinite, train_loss
+from tcal.utils.fit_tensors import heldout_step, reset_optimizer, restore, set_lr, snapshot
 from tcal.utils.runtime import memory_budget
-from tcal.utils.schedule import lr_at
 
 log = logging.getLogger(__name__)
 
 QKV_PARAMS = ("q_proj", "k_proj", "v_proj", "q_conv1d", "k_conv1d", "v_conv1d", "q_norm", "k_norm")
 GATE_PARAMS = ("a_proj", "b_proj", "A_log", "dt_bias", "g_proj")
 FROZEN_PARAMS = ("o_proj", "o_norm")
-
-
-@dataclass
-class AlignConfig:
-    """Phase 2 settings; the defaults are the reference's (300 full-batch steps, AdamW)."""
-
-    steps: int = 300
-    lr_qkv: float = 1e-4  # W_q, W_k, W_v (+ their biases, short convs, q/k norms)
-    lr_gate: float = 1e-3  # W_a, W_b (+ bias), A_log, dt_bias, W_g
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    batch_size: int | None = None  # training sequences per step; None = full batch
-    train_sequences: int | None = None  # use only the first n training sequences
-    seq_len: int | None = None  # use only the first n tokens of every sequence
-    heldout_frac: float = 0.25  # last fraction of the sequences picks the best state; 0 = best training loss
-    eval_every: int = 1  # held-out evaluation every n steps (and at the last step)
-    on_nonfinite: str = "stop"  # NaN/Inf loss, gradient or weight: "stop" the layer or "skip" the step
-    max_nonfinite: int = 10  # with "skip": stop the layer after this many non-finite steps
-    seed: int = 0  # minibatch order
-    schedule: str = "constant"  # learning rate over the steps: "constant" (reference) or "cosine"
-    warmup_steps: int = 0  # linear warm-up before the schedule
-    patience: int | None = None  # stop a layer after this many held-out evaluations without a new best
-    heldout_max_sequences: int = 64  # cap on the held-out slice: it is evaluated every eval_every steps
-    # Which inputs each layer is fitted on (see tcal.taylor.pipeline):
-    #   "teacher": the teacher's hidden states (layer-local, the reference);
-    #   "student": the partly converted hybrid's own hidden states, layers fitted bottom-up.
-    inputs: str = "teacher"
-    # What the layer's output is fitted to: "attn" = the teacher's attention output (reference);
-    # "residual" = teacher residual after the attention minus the student's residual before it,
-    # i.e. the output that puts the hybrid's residual stream back onto the teacher's.
-    target: str = "attn"
-    # Fit the layers of one teacher pass side by side (tcal.modules.gdn_stack): one batched step for all
-    # of them instead of one small step each. The same fits up to float rounding; None: on CUDA, where
-    # the small per-layer steps leave the GPU waiting on launches (on CPU it saves nothing).
-    concurrent: bool | None = None
-    # TF32 matrix products on CUDA (None or True; False: full fp32). Calibration fits tolerate TF32's
-    # 10-bit mantissa and run several times faster with it; CPU is unaffected.
-    tf32: bool | None = None
-
-    def __post_init__(self):
-        for name, low in (("lr_qkv", 0), ("lr_gate", 0), ("weight_decay", None), ("grad_clip", None)):
-            value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and math.isfinite(value) and (value > 0 if low == 0 else value >= 0)
-            if not ok:
-                raise TcalError(f"align {name} must be a finite number {'> 0' if low == 0 else '>= 0'}, got {value!r}")
-        if self.steps < 0:
-            raise TcalError(f"align steps must be >= 0, got {self.steps}")
-        if not 0 <= self.heldout_frac < 1:
-            raise TcalError(f"heldout_frac must be in [0, 1), got {self.heldout_frac}")
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise TcalError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
-        if self.eval_every < 1:
-            raise TcalError(f"eval_every must be >= 1, got {self.eval_every}")
-        if self.schedule not in SCHEDULES:
-            raise TcalError(f"align schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.warmup_steps < 0:
-            raise TcalError(f"align warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.patience is not None and self.patience < 1:
-            raise TcalError(f"align patience must be >= 1 evaluations (or None), got {self.patience}")
-        if self.heldout_max_sequences < 1:
-            raise TcalError(f"heldout_max_sequences must be >= 1, got {self.heldout_max_sequences}")
-        if self.inputs not in ("teacher", "student"):
-            raise TcalError(f"align inputs must be 'teacher' or 'student', got {self.inputs!r}")
-        if self.target not in ("attn", "residual"):
-            raise TcalError(f"align target must be 'attn' or 'residual', got {self.target!r}")
-        if self.target == "residual" and self.inputs != "student":
-            raise TcalError("the residual-stream target corrects the hybrid's own drift: it needs inputs='student'")
-
-
-SCHEDULES = ("constant", "cosine")
-
-
-def lr_factor(step: int, steps: int, schedule: str, warmup: int) -> float:
-    """Learning-rate multiplier at ``step`` (0-based) of ``steps``: linear warm-up, then constant or
-    cosine decay that reaches 10 % at the last step (not 0: the last steps still move the weights
-    the best state may pick)."""
-    return lr_at(step, peak=1.0, total_steps=steps - 1, warmup=warmup, schedule=schedule, min_ratio=0.1)
 
 
 def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter], list[str]]:
@@ -129,7 +53,7 @@ def param_groups(gdn: GatedDeltaNet) -> tuple[list[torch.nn.Parameter], list[tor
         elif root in FROZEN_PARAMS:
             frozen.append(name)
         else:
-            raise TcalError(f"GDN parameter {name!r} is in no Phase 2 group; update tcal.align")
+            raise TcalError(f"GDN parameter {name!r} is in no Phase 2 group; update tcal.taylor.phase2")
     return qkv, gate, frozen
 
 
@@ -171,16 +95,6 @@ def _training_only(gdn: GatedDeltaNet, trained: Sequence[torch.nn.Parameter]):
             p.requires_grad_(saved[id(p)])
 
 
-def _snapshot(params) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in params]
-
-
-@torch.no_grad()
-def _restore(params, state) -> None:
-    for p, s in zip(params, state):
-        p.copy_(s)
-
-
 def _step(gdn, opt, trained, xb, yb, grad_clip: float) -> float | None:
     """One AdamW step on the MSE to the teacher; the loss, or None if the loss, gradient or the
     updated weights are not finite (the caller then restores the weights and clears the moments).
@@ -201,6 +115,39 @@ def _step(gdn, opt, trained, xb, yb, grad_clip: float) -> float | None:
     return value if good else None
 
 
+def _optimizer(qkv, gate, cfg: AlignConfig) -> tuple[torch.optim.AdamW, list[float]]:
+    """AdamW with the two learning rates, and each group's base rate (the schedule scales them)."""
+    groups = [g for g in ({"params": qkv, "lr": cfg.lr_qkv}, {"params": gate, "lr": cfg.lr_gate}) if g["params"]]
+    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    return opt, [g["lr"] for g in opt.param_groups]
+
+
+def _warn_nonfinite(layer: int, step: int, fit: FitState, cfg: AlignConfig) -> None:
+    if len(fit.nonfinite) == 1:  # the layer's first; its record lists them all
+        log.warning("phase 2, layer %s: non-finite loss/gradient/weights at step %d; restored the last good state "
+                    "and %s", layer, step, "stopped this layer" if cfg.on_nonfinite == "stop" else "skipped the step")
+
+
+def _record(layer: int, cfg: AlignConfig, fit: FitState, curve: list, held_curve: list, fits: tuple,
+            tokens: tuple[int, int], wall_s: float) -> dict:
+    """A layer's Phase-2 record; ``fits``: (train, held-out) fits before and after, each (relative MSE, cosine)."""
+    (train_before, held_before), (train_after, held_after) = fits
+    return {
+        "layer": layer, "steps_run": len(curve), "best_step": fit.best_step, "train_loss": curve,
+        "inputs": cfg.inputs, "target": cfg.target, "heldout_curve": held_curve,
+        "train_rel_mse_before": train_before[0], "train_cos_before": train_before[1],
+        "train_rel_mse": train_after[0], "train_cos": train_after[1],
+        "heldout_rel_mse_before": held_before[0], "heldout_cos_before": held_before[1],
+        "heldout_rel_mse": held_after[0], "heldout_cos": held_after[1],
+        "nonfinite_steps": list(fit.nonfinite), "train_tokens": tokens[0], "heldout_tokens": tokens[1],
+        "wall_s": wall_s,
+    }
+
+
+def _tokens(x: torch.Tensor) -> int:
+    return int(x.shape[0] * x.shape[1])
+
+
 def align_layer(
     gdn: GatedDeltaNet,
     train: LayerIO,
@@ -219,17 +166,16 @@ def align_layer(
         hx, hy = heldout.x.to(dev, dt), heldout.out.to(dev).float()
     qkv, gate, _ = param_groups(gdn)
     trained = qkv + gate
-    groups = [g for g in ({"params": qkv, "lr": cfg.lr_qkv}, {"params": gate, "lr": cfg.lr_gate}) if g["params"]]
-    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    base_lrs = [g["lr"] for g in opt.param_groups]
+    opt, base_lrs = _optimizer(qkv, gate, cfg)
+    rules = cfg.fit_rules()
 
     def held_fit():  # (None, None) without a held-out slice: the record stays valid JSON
         return output_fit(layer_output(gdn, hx), hy) if has_held else (None, None)
 
     train_before, held_before = output_fit(layer_output(gdn, x), y), held_fit()
-    best_score = held_before[0] if has_held else math.inf
-    best_state, best_step = _snapshot(trained), 0
-    curve, held_curve, bad_steps, stale = [], [], [], 0
+    fit = begin(held_before[0] if has_held else None)
+    best_state = snapshot(trained)
+    curve, held_curve = [], []
     batches = _Minibatches(x.shape[0], cfg.batch_size, cfg.seed, dev)
     steps = range(1, cfg.steps + 1)
     bar = tqdm(steps, desc=f"phase 2 layer {layer}", unit="step", leave=False) if progress else None
@@ -237,55 +183,36 @@ def align_layer(
         with _training_only(gdn, trained):
             for step in bar if bar is not None else steps:
                 idx = batches.next()
-                for g, lr in zip(opt.param_groups, base_lrs):
-                    g["lr"] = lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
-                before = _snapshot(trained)
+                set_lr(opt, base_lrs, rules.schedule.lr(step - 1))
+                before = snapshot(trained)
                 lval = _step(gdn, opt, trained, x if idx is None else x[idx], y if idx is None else y[idx],
                              cfg.grad_clip)
                 if lval is None:
-                    bad_steps.append(step)
-                    _restore(trained, before)
-                    opt.state.clear()  # moments may hold the NaN; start them afresh
-                    if len(bad_steps) == 1:
-                        log.warning("phase 2, layer %s: non-finite loss/gradient/weights at step %d; restored the "
-                                    "last good state and %s", layer, step,
-                                    "stopped this layer" if cfg.on_nonfinite == "stop" else "skipped the step")
-                    if cfg.on_nonfinite == "stop" or len(bad_steps) >= cfg.max_nonfinite:
+                    restore(trained, before)
+                    reset_optimizer(opt, trained, rules.reset)  # the moments may hold the NaN
+                    fit = nonfinite(rules, fit, step)
+                    _warn_nonfinite(layer, step, fit, cfg)
+                    if fit.stopped:
                         break
                     continue
                 curve.append(lval)
-                if has_held:
-                    if step % cfg.eval_every == 0 or step == cfg.steps:
-                        rel, _ = held_fit()
-                        held_curve.append((step, rel))
-                        if math.isfinite(rel) and rel < best_score:
-                            best_score, best_state, best_step, stale = rel, _snapshot(trained), step, 0
-                        else:
-                            stale += 1
-                            if cfg.patience is not None and stale >= cfg.patience:
-                                break
-                elif lval < best_score:  # the loss was measured on the weights before this step
-                    best_score, best_state, best_step = lval, before, step - 1
+                if not has_held:
+                    fit = train_loss(fit, step, lval)
+                    best_state = before if fit.new_best else best_state
+                else:
+                    fit, best_state = heldout_step(rules, fit, step, lambda: held_fit()[0], trained, best_state,
+                                                   held_curve)
+                if fit.stopped:
+                    break
                 if bar is not None:
-                    bar.set_postfix(loss=f"{lval:.3g}", best=best_step)
+                    bar.set_postfix(loss=f"{lval:.3g}", best=fit.best_step)
     finally:
         if bar is not None:
             bar.close()
-        _restore(trained, best_state)
-    train_after, held_after = output_fit(layer_output(gdn, x), y), held_fit()
-    return {
-        "layer": layer, "steps_run": len(curve), "best_step": best_step, "train_loss": curve,
-        "inputs": cfg.inputs, "target": cfg.target,
-        "heldout_curve": held_curve,
-        "train_rel_mse_before": train_before[0], "train_cos_before": train_before[1],
-        "train_rel_mse": train_after[0], "train_cos": train_after[1],
-        "heldout_rel_mse_before": held_before[0], "heldout_cos_before": held_before[1],
-        "heldout_rel_mse": held_after[0], "heldout_cos": held_after[1],
-        "nonfinite_steps": bad_steps,
-        "train_tokens": int(x.shape[0] * x.shape[1]),
-        "heldout_tokens": int(hx.shape[0] * hx.shape[1]) if has_held else 0,
-        "wall_s": time.perf_counter() - t0,
-    }
+        restore(trained, best_state)
+    fits = ((train_before, held_before), (output_fit(layer_output(gdn, x), y), held_fit()))
+    return _record(layer, cfg, fit, curve, held_curve, fits, (_tokens(x), _tokens(hx) if has_held else 0),
+                   time.perf_counter() - t0)
 
 
 def fit_bytes(gdn: GatedDeltaNet, tokens: int) -> int:
@@ -365,12 +292,6 @@ def _group_step(stack: GDNStack, opt, trained, xb, yb, grad_clip: float) -> tupl
     return values[:G], [v > 0.5 for v in values[G:]]
 
 
-@torch.no_grad()
-def _restore_slice(params, state, g: int) -> None:
-    for p, s in zip(params, state):
-        p[g].copy_(s[g])
-
-
 def align_group(
     gdns: Mapping[int, GatedDeltaNet],
     train: Mapping[int, LayerIO],
@@ -383,8 +304,8 @@ def align_group(
     same minibatch order (one seed), keeps its own best held-out state, stops by its own patience or
     non-finite steps; a stopped layer keeps training with the others, its result unused. One difference:
     after a non-finite step a layer's AdamW moments are zeroed but its step count (shared by the stack's
-    tensors) is not, where :func:`align_layer` restarts it. Returns {layer: record}; each record's
-    ``group`` lists the layers fitted together and ``wall_s`` is its share of their wall time."""
+    tensors) is not, where :func:`align_layer` restarts it (``FitRules.reset``). Returns {layer: record};
+    each record's ``group`` lists the layers fitted together and ``wall_s`` is its share of their wall time."""
     t0 = time.perf_counter()
     layers = sorted(gdns)
     G = len(layers)
@@ -401,24 +322,21 @@ def align_group(
     roots = {n: n.split(".")[0] for n in stack.names}
     unknown = [n for n, r in roots.items() if r not in QKV_PARAMS + GATE_PARAMS + FROZEN_PARAMS]
     if unknown:
-        raise TcalError(f"GDN parameter {unknown[0]!r} is in no Phase 2 group; update tcal.align")
+        raise TcalError(f"GDN parameter {unknown[0]!r} is in no Phase 2 group; update tcal.taylor.phase2")
     qkv = [stack.param(n) for n in stack.names if roots[n] in QKV_PARAMS]
     gate = [stack.param(n) for n in stack.names if roots[n] in GATE_PARAMS]
     trained = qkv + gate
     for n in stack.names:
         stack.param(n).requires_grad_(roots[n] not in FROZEN_PARAMS)
-    groups = [g for g in ({"params": qkv, "lr": cfg.lr_qkv}, {"params": gate, "lr": cfg.lr_gate}) if g["params"]]
-    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    base_lrs = [g["lr"] for g in opt.param_groups]
+    opt, base_lrs = _optimizer(qkv, gate, cfg)
+    rules = cfg.fit_rules(reset="moments")
 
     train_before = _stack_fit(stack, xs, ys)
     held_before = _stack_fit(stack, hxs, hys) if has_held else [(None, None)] * G
-    best_score = [h[0] for h in held_before] if has_held else [math.inf] * G
-    best_state, best_step = _snapshot(trained), [0] * G
+    fits = [begin(h[0] if has_held else None) for h in held_before]
+    best_state = snapshot(trained)
     curves: list[list[float]] = [[] for _ in layers]
     held_curves: list[list] = [[] for _ in layers]
-    bad_steps: list[list[int]] = [[] for _ in layers]
-    stale, active = [0] * G, [True] * G
     batches = _Minibatches(xs[0].shape[0], cfg.batch_size, cfg.seed, dev)
     full_x = _stack_inputs(xs, None) if batches.bs >= batches.n else None  # full batch: stacked once
     full_y = _stack_inputs(ys, None) if full_x is not None else None
@@ -429,75 +347,51 @@ def align_group(
         with torch.enable_grad():
             for step in bar if bar is not None else steps:
                 idx = batches.next()
-                for g, lr in zip(opt.param_groups, base_lrs):
-                    g["lr"] = lr * lr_factor(step - 1, cfg.steps, cfg.schedule, cfg.warmup_steps)
-                before = _snapshot(trained)
+                set_lr(opt, base_lrs, rules.schedule.lr(step - 1))
+                before = snapshot(trained)
                 xb = full_x if full_x is not None else _stack_inputs(xs, idx)
                 yb = full_y if full_y is not None else _stack_inputs(ys, idx)
                 losses, oks = _group_step(stack, opt, trained, xb, yb, cfg.grad_clip)
                 stepped = [False] * G
                 for j in range(G):
-                    if not active[j]:
+                    if fits[j].stopped:
                         continue
                     if not oks[j]:
-                        bad_steps[j].append(step)
-                        _restore_slice(trained, before, j)
-                        for p in trained:  # moments may hold the NaN; start them afresh
-                            for buf in ("exp_avg", "exp_avg_sq"):
-                                if buf in opt.state.get(p, {}):
-                                    opt.state[p][buf][j].zero_()
-                        if len(bad_steps[j]) == 1:
-                            log.warning("phase 2, layer %s: non-finite loss/gradient/weights at step %d; restored the "
-                                        "last good state and %s", layers[j], step,
-                                        "stopped this layer" if cfg.on_nonfinite == "stop" else "skipped the step")
-                        if cfg.on_nonfinite == "stop" or len(bad_steps[j]) >= cfg.max_nonfinite:
-                            active[j] = False
+                        restore(trained, before, j)
+                        reset_optimizer(opt, trained, rules.reset, j)  # the moments may hold the NaN
+                        fits[j] = nonfinite(rules, fits[j], step)
+                        _warn_nonfinite(layers[j], step, fits[j], cfg)
                         continue
                     curves[j].append(losses[j])
                     stepped[j] = True
-                    if not has_held and losses[j] < best_score[j]:  # measured on the weights before this step
-                        best_score[j], best_step[j] = losses[j], step - 1
-                        for b, s in zip(best_state, before):
-                            b[j].copy_(s[j])
-                if has_held and (step % cfg.eval_every == 0 or step == cfg.steps) and any(stepped):
+                    if not has_held:
+                        fits[j] = train_loss(fits[j], step, losses[j])
+                        if fits[j].new_best:
+                            restore(best_state, before, j)
+                if has_held and rules.check_due(step) and any(stepped):
                     rels = [r for r, _ in _stack_fit(stack, hxs, hys)]
-                    for j in range(G):
-                        if not stepped[j]:
-                            continue
+                    for j in (j for j in range(G) if stepped[j]):
                         held_curves[j].append((step, rels[j]))
-                        if math.isfinite(rels[j]) and rels[j] < best_score[j]:
-                            best_score[j], best_step[j], stale[j] = rels[j], step, 0
-                            for b, p in zip(best_state, trained):
-                                b[j].copy_(p.detach()[j])
-                        else:
-                            stale[j] += 1
-                            if cfg.patience is not None and stale[j] >= cfg.patience:
-                                active[j] = False
+                        fits[j] = heldout_check(rules, fits[j], step, rels[j])
+                        if fits[j].new_best:
+                            restore(best_state, trained, j)
                 if bar is not None:
-                    bar.set_postfix(active=sum(active), loss=f"{sum(losses) / G:.3g}")
-                if not any(active):
+                    bar.set_postfix(active=sum(not f.stopped for f in fits), loss=f"{sum(losses) / G:.3g}")
+                if all(f.stopped for f in fits):
                     break
     finally:
         if bar is not None:
             bar.close()
-        _restore(trained, best_state)
+        restore(trained, best_state)
         stack.write_back()
     train_after = _stack_fit(stack, xs, ys)
     held_after = _stack_fit(stack, hxs, hys) if has_held else [(None, None)] * G
     wall = time.perf_counter() - t0
     return {
-        layer: {
-            "layer": layer, "steps_run": len(curves[j]), "best_step": best_step[j], "train_loss": curves[j],
-            "inputs": cfg.inputs, "target": cfg.target, "heldout_curve": held_curves[j],
-            "train_rel_mse_before": train_before[j][0], "train_cos_before": train_before[j][1],
-            "train_rel_mse": train_after[j][0], "train_cos": train_after[j][1],
-            "heldout_rel_mse_before": held_before[j][0], "heldout_cos_before": held_before[j][1],
-            "heldout_rel_mse": held_after[j][0], "heldout_cos": held_after[j][1],
-            "nonfinite_steps": bad_steps[j],
-            "train_tokens": int(xs[j].shape[0] * xs[j].shape[1]),
-            "heldout_tokens": int(hxs[j].shape[0] * hxs[j].shape[1]) if has_held else 0,
-            "wall_s": wall / G, "group": layers, "group_wall_s": wall,
-        }
+        layer: {**_record(layer, cfg, fits[j], curves[j], held_curves[j],
+                          ((train_before[j], held_before[j]), (train_after[j], held_after[j])),
+                          (_tokens(xs[j]), _tokens(hxs[j]) if has_held else 0), wall / G),
+                "group": layers, "group_wall_s": wall}
         for j, layer in enumerate(layers)
     }
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from tcal import ops
-from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
 from tcal.taylor import parallel
-from tcal.taylor.kl_stage import KLConfig, kl_stage
+from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
+from tcal.taylor.config import AlignConfig, KLConfig
+from tcal.taylor.kl_stage import kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
-from tcal.taylor.phase2 import AlignConfig, align_layers, concurrent_on
+from tcal.taylor.phase2 import align_layers, concurrent_on
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import memory_budget, tf32_matmul
@@ -65,7 +66,7 @@ LAZY_GROUP_BYTES: int | None = None
 
 # Calibration windows longer than this train uncompiled even where compiling is the default: the compiled
 # chunk loop grows with the window's chunks, and at 4,096 tokens its compile took longer than the whole
-# uncompiled Phase 2 while the KL stage ran no faster (README, *Calibration time*; measured at 512 and 4,096
+# uncompiled Phase 2 while the KL stage ran no faster (docs/results.md, *Calibration time*; measured at 512 and 4,096
 # only, so the bound sits where the evidence stops).
 COMPILE_MAX_WINDOW = 1024
 

@@ -24,7 +24,6 @@ from tcal.taylor.capture import batches, check_layers, decoder_layers, eager_att
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
 
-
 STATS_FILE = "teacher_stats.json"
 STATS_VERSION = 1
 

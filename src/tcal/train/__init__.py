@@ -1,1 +1,2 @@
-"""Distillation: the KD loss, data order, schedule, checkpoints and the Trainer over them."""
+"""Distillation: the KD loss, data order, checkpoints and the Trainer over them (its schedule and checks:
+tcal.utils.fit)."""

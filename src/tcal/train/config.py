@@ -6,10 +6,7 @@ from dataclasses import dataclass, fields
 
 from tcal.utils.config import DeviceArgs, EvalArgs, arg
 from tcal.utils.errors import TcalError
-
-
-SCHEDULES = ("constant", "cosine")
-
+from tcal.utils.schedule import SCHEDULES
 
 TRAIN_SETS = ("gdn", "all")
 
@@ -131,6 +128,8 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.eval_every < 1 or cfg.save_every < 1:
         raise TcalError("--eval-every and --save-every must be positive numbers of tokens")
+    if cfg.eval_early < 0:
+        raise TcalError(f"--eval-early must be >= 0, got {cfg.eval_early}")
     if cfg.eval_windows < 1 or cfg.eval_window < 2:
         raise TcalError("--eval-windows must be >= 1 and --eval-window >= 2")
     passkey_lengths(cfg)

@@ -5,7 +5,6 @@ import csv
 import io
 import math
 
-
 CURVE_FIELDS = ("tokens", "step", "eval_ppl", "train_loss", "lr", "elapsed_s")
 
 

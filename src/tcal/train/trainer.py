@@ -23,16 +23,16 @@ from tqdm import tqdm
 from tcal import ops
 from tcal.evaluate import window_ppl
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
-from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train import distributed as D
+from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
 from tcal.train.sampler import WindowOrder, batch_for_step
-from tcal.train.schedule import crossed, eval_due, warmup_steps
 from tcal.utils.atomic import atomic_dir, write_json
 from tcal.utils.errors import TcalError
+from tcal.utils.fit import FitRules, FitState, nonfinite
 from tcal.utils.runtime import autocast, peak_memory, resolve_device, rng_state, seed_everything, set_rng_state
-from tcal.utils.schedule import lr_at
+from tcal.utils.schedule import Schedule, crossed, warmup_steps
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,11 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
         self.total_steps = int(math.ceil(tokens / self.tokens_per_step))
         self.warmup_steps = warmup_steps(cfg, self.total_steps, self.tokens_per_step)
+        # no patience and no best state: the curve's points are reports and a run ends on its last state
+        self.rules = FitRules(Schedule(cfg.schedule, self.total_steps, self.warmup_steps, cfg.min_lr_ratio,
+                                       floor_at_last=False),
+                              eval_every=cfg.eval_every, tokens_per_step=self.tokens_per_step,
+                              eval_early=cfg.eval_early, on_nonfinite="raise")
         self.train_tokens, self.eval_ids = train_tokens, eval_ids
         self.n_windows = int(train_tokens.shape[0]) // cfg.seq_len
         self.order = WindowOrder(self.n_windows, cfg.seed)
@@ -169,9 +174,7 @@ class Trainer:
     # -- one piece each ------------------------------------------------------------------------
 
     def lr(self, step: int) -> float:
-        c = self.cfg
-        return lr_at(step, peak=c.lr, total_steps=self.total_steps, warmup=self.warmup_steps, schedule=c.schedule,
-                     min_ratio=c.min_lr_ratio)
+        return self.rules.schedule.lr(step, peak=self.cfg.lr)
 
     def evaluate(self, model=None) -> float:
         return window_ppl(model or self.student, self.eval_ids, batch_size=4, device=self.device, progress=False)
@@ -207,8 +210,9 @@ class Trainer:
             step_loss += float(loss.detach()) * frac
             del hs, ht, loss
         step_loss = D.all_mean(step_loss, self.world)  # every rank sees (and stops on) the same loss
-        if not math.isfinite(step_loss):
-            raise TcalError(f"the loss is not finite at step {self.step_count} ({step_loss}); lower --lr")
+        if not math.isfinite(step_loss):  # the rules raise: nothing of the update was applied yet
+            nonfinite(self.rules, FitState(), self.step_count,
+                      f"the loss is not finite at step {self.step_count} ({step_loss}); lower --lr")
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_([p for _, p in self.params], cfg.grad_clip)
         self.optimizer.step()
@@ -347,7 +351,7 @@ class Trainer:
                     self.step()
                     s = self.step_count
                     bar.update(tps)
-                    if eval_due(s, self.total_steps, tps, cfg.eval_every, cfg.eval_early):
+                    if self.rules.check_due(s):
                         row = self.add_eval_point()
                         if main:
                             (partial / "curve.csv").write_text(curve_csv(self.curve))

@@ -43,8 +43,9 @@ def finished_stage(path: Path) -> str | None:
 def check_out(out, stage: str, overwrite: bool = False, flag: str = "--out") -> Path:
     """Refuse an output directory that would cost the user files, before any work is done.
 
-    Accepted: a path that does not exist yet (its nearest existing parent writable), an empty
-    directory, or (with ``overwrite``) a finished output of the same command.
+    Accepted: a path that does not exist yet, an empty directory, or (with ``overwrite``) a
+    finished output of the same command; in each case a directory must be creatable where the
+    output is written (see :func:`_check_writable`).
     """
     if not str(out).strip():
         raise TcalError(f"{flag} is empty; give an output directory")
@@ -59,13 +60,27 @@ def check_out(out, stage: str, overwrite: bool = False, flag: str = "--out") -> 
         if not overwrite:
             raise TcalError(f"{flag} {out} holds a finished `tcal {stage}` output; pass --overwrite to replace "
                             "it (only tcal's own files are replaced) or choose another directory")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    writable_target = path if path.is_dir() else parent
-    if not os.access(writable_target, os.W_OK | os.X_OK):
-        raise TcalError(f"cannot write to {writable_target} (permission denied); choose a writable {flag}")
+    # the output is written beside its final place (atomic_dir, OUT.partial) and, into an existing
+    # directory, moved into it
+    _check_writable(path.parent, out, flag)
+    if path.is_dir():
+        _check_writable(path, out, flag)
     return path
+
+
+def _check_writable(where: Path, out, flag: str) -> None:
+    """Create and remove a directory in ``where`` (or its nearest existing parent): permission bits
+    do not tell, os.access lets root write anywhere, /proc included."""
+    parent = where
+    while not os.path.exists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TcalError(f"cannot write {flag} {out}: {parent} is a file, not a directory; choose another {flag}")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".tcal-check-"))
+    except OSError as e:
+        raise TcalError(f"cannot write {flag} {out}: a directory cannot be created in {parent} ({e.strerror}); "
+                        f"choose a writable {flag}") from None
 
 
 @contextlib.contextmanager

@@ -5,11 +5,17 @@ Known moves inside 5.x that this file absorbs:
   the same rename in model outputs;
 - linear-attention cache slots: ``DynamicCache(config=...)`` builds a ``LinearAttentionLayer`` for
   every ``layer_types`` entry ``"linear_attention"`` (5.17 and later); we read and write its
-  ``conv_states`` / ``recurrent_states`` slots so beam reordering and ``reset`` keep working.
+  ``conv_states`` / ``recurrent_states`` slots so beam reordering and ``reset`` keep working;
+- mask sizes asked for at a linear-attention layer: up to 5.17 at least, transformers' mask builders ask the cache
+  about the first layer that is not sliding-window, which in a hybrid may hold linear-attention state (Gemma 3 with
+  a converted layer before its first global one; any teacher whose layer 0 is converted), and the cache raises
+  instead of answering (5.25 asks about the first full-attention layer). Such a query is answered from the first
+  full-attention layer (else the first attention layer): :func:`install_cache_redirect`.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 import torch
@@ -31,6 +37,42 @@ def cache_from_kwargs(kwargs: dict):
 
 def make_cache(config) -> DynamicCache:
     return DynamicCache(config=config)
+
+
+def _attention_layer(cache, layer_idx: int) -> int | None:
+    """The layer to answer for ``layer_idx`` when it holds linear-attention state, else None."""
+    from transformers.cache_utils import CacheLayerMixin
+
+    layers = getattr(cache, "layers", None)
+    if not layers or not 0 <= layer_idx < len(layers) or isinstance(layers[layer_idx], CacheLayerMixin):
+        return None
+    attention = [i for i, layer in enumerate(layers) if isinstance(layer, CacheLayerMixin)]
+    full = [i for i in attention if not getattr(layers[i], "is_sliding", False)]
+    return (full or attention or [None])[0]
+
+
+def _redirect(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        names = method.__code__.co_varnames[1:method.__code__.co_argcount]
+        bound = dict(zip(names, args), **kwargs)
+        layer_idx = bound.get("layer_idx", 0)
+        if isinstance(layer_idx, int) and layer_idx:
+            other = _attention_layer(self, layer_idx)
+            if other is not None:
+                bound["layer_idx"] = other
+        return method(self, **bound)
+
+    wrapper._tcal_redirect = True
+    return wrapper
+
+
+def install_cache_redirect() -> None:
+    """Wrap ``DynamicCache.get_seq_length`` and ``get_mask_sizes`` once (idempotent)."""
+    for name in ("get_seq_length", "get_mask_sizes"):
+        method = getattr(DynamicCache, name, None)
+        if method is not None and not getattr(method, "_tcal_redirect", False):
+            setattr(DynamicCache, name, _redirect(method))
 
 
 def _linear_slot(cache, layer_idx: int):

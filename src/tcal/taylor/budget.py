@@ -1,0 +1,108 @@
+"""Named calibration budgets and the command-line flags that pick and override them.
+
+A budget says how many tokens Taylor-Calibrate reads (``windows`` x ``window``) and how Phase 2 and the KL
+stage step over them. Plain data, no torch: every command's parser is built from :class:`CalibArgs`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tcal.taylor.config import AlignConfig, KLConfig
+from tcal.utils.config import DEFAULT_CALIB, arg
+from tcal.utils.errors import TcalError
+
+
+@dataclass(frozen=True)
+class CalibBudget:
+    name: str
+    windows: int  # calibration sequences (Phase 2 and the KL stage hold out the last of them)
+    window: int  # tokens per sequence
+    align: AlignConfig
+    kl: KLConfig  # used by the inits that have a KL stage
+
+
+# "reference" is the paper's (4 x 256 tokens, 300 full-batch steps); "large" spends the tokens a GPU makes cheap
+# (minibatches, a cosine schedule, held-out checks every 5 steps).
+_LARGE_ALIGN = AlignConfig(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10)
+CALIB_BUDGETS: dict[str, CalibBudget] = {b.name: b for b in (
+    CalibBudget("reference", windows=4, window=256, align=AlignConfig(steps=300), kl=KLConfig(steps=40, batch_size=3)),
+    # 300 KL steps: 2 % lower held-out PPL than 100 on each of three domains at 50 % converted, for 72 s more on an
+    # H200 (docs/results.md, *Calibration budget*)
+    CalibBudget("large", windows=512, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=300, batch_size=8)),
+    # 1M tokens with the KL stage's steps scaled to the data: the best measured taylor, for a longer conversion than
+    # "large" (docs/results.md, *Calibration budget*); wiki:calib alone is too small for it, the default mixture is not
+    CalibBudget("xl", windows=2048, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=1200, batch_size=8)),
+    # for long-context retrieval: 64 windows of 4K tokens (the passkey's lengths), 90 KL steps with the recall mix
+    # (half of the stage's windows end with a copy of an earlier span of themselves). With 300 KL steps PPL was
+    # lower and the 4K passkey was not (docs/results.md, *Long-context retrieval*)
+    CalibBudget("long", windows=64, window=4096,
+                align=AlignConfig(steps=300, batch_size=2, eval_every=5, schedule="cosine", warmup_steps=10),
+                kl=KLConfig(steps=90, batch_size=1, recall_frac=0.5)),
+)}
+
+
+@dataclass
+class CalibArgs:
+    calib: str = arg(DEFAULT_CALIB, "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal "
+                                   "shares, interleaved); disjoint from --eval")
+    calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
+                                    "large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
+                                    "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
+                                    "steps with the recall mix: for long-context retrieval, on a GPU), or auto "
+                                    "(reference on CPU, large on a GPU); --calib-window/--calib-windows/--align-steps override it",
+                            choices=("auto", *CALIB_BUDGETS))
+    calib_window: int | None = arg(None, "calibration sequence length in tokens (default: the budget's)")
+    calib_windows: int | None = arg(None, "calibration sequences, the first N windows (default: the budget's); "
+                                          "Phase 2 holds out the last quarter to pick its best state")
+    align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: the budget's, 300)")
+    kl_steps: int | None = arg(None, "KL-stage steps of the inits that have one, e.g. taylor (default: the "
+                                     "budget's, 40 reference / 300 large / 1,200 xl / 90 long)")
+    kl_recall_frac: float | None = arg(None, "the KL stage's recall mix: this share of its calibration windows ends "
+                                             "with a copy of an earlier span of itself (for long-context retrieval; "
+                                             "0 = off; default: the budget's, 0.5 long, 0 the others)")
+    kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
+
+    def check_calib(self) -> None:
+        if self.calib_window is not None and self.calib_window < 2:
+            raise TcalError(f"--calib-window must be at least 2 tokens, got {self.calib_window}")
+        if self.calib_windows is not None and self.calib_windows < 2:
+            raise TcalError(f"--calib-windows must be at least 2 (Phase 2 holds out the last quarter), "
+                            f"got {self.calib_windows}")
+        if self.align_steps is not None and self.align_steps < 0:
+            raise TcalError(f"--align-steps must be >= 0, got {self.align_steps}")
+        if self.kl_steps is not None and self.kl_steps < 0:
+            raise TcalError(f"--kl-steps must be >= 0, got {self.kl_steps}")
+        if self.kl_recall_frac is not None and not 0.0 <= self.kl_recall_frac <= 1.0:
+            raise TcalError(f"--kl-recall-frac must be in [0, 1], got {self.kl_recall_frac}")
+        if self.kl_recall_span < 1:
+            raise TcalError(f"--kl-recall-span must be at least 1, got {self.kl_recall_span}")
+        if self.kl_recall_frac and self.calib_window is not None and self.calib_window < 2 * self.kl_recall_span:
+            raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs --calib-window of at least "
+                            f"{2 * self.kl_recall_span} tokens, got {self.calib_window}")
+        if self.calib_budget not in ("auto", *CALIB_BUDGETS):
+            raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
+
+    def budget(self, device: str) -> CalibBudget:
+        """The budget on ``device`` (cpu, cuda, cuda:N), with the flags' overrides (new configs: the named
+        budget itself is left as it is)."""
+        name = self.calib_budget
+        if name == "auto":
+            name = "reference" if str(device).startswith("cpu") else "large"
+        b = CALIB_BUDGETS[name]
+        align, kl = b.align, b.kl
+        if self.align_steps is not None:
+            align = dataclasses.replace(align, steps=self.align_steps)
+        if self.kl_steps is not None:
+            kl = dataclasses.replace(kl, steps=self.kl_steps)
+        window = self.calib_window or b.window
+        recall = kl.recall_frac if self.kl_recall_frac is None else self.kl_recall_frac  # the flag's, 0 included
+        if recall > 0:
+            # checked here, where the budget's window is known, rather than deep in the KL stage after Phase 2
+            if window < 2 * self.kl_recall_span:
+                raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs calibration windows of at least "
+                                f"{2 * self.kl_recall_span} tokens; the {name} budget's are {window}: set --calib-window")
+            kl = dataclasses.replace(kl, recall_frac=recall, recall_span=self.kl_recall_span)
+        else:
+            kl = dataclasses.replace(kl, recall_frac=0.0)
+        return CalibBudget(name, self.calib_windows or b.windows, window, dataclasses.replace(align), kl)

