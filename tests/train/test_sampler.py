@@ -24,6 +24,18 @@ def test_data_order_is_a_function_of_seed_and_step():
     assert b.dtype == torch.long and b.shape == (4, SEQ)
 
 
+def test_a_prefix_starts_every_window_and_the_stream_is_cut_around_it():
+    # Gemma's BOS (id 2) before SEQ - 1 stream tokens; the stream's windows still tile it without overlap
+    body = SEQ - 1
+    tokens = np.arange(10 * body, dtype=np.uint16) + 100
+    order = WindowOrder(10, seed=3)
+    b = batch_for_step(tokens, order, SEQ, step=0, batch_size=10, prefix=(2,))
+    assert b.shape == (10, SEQ) and bool((b[:, 0] == 2).all())
+    starts = sorted(int(r[1]) - 100 for r in b)
+    assert starts == [i * body for i in range(10)]
+    assert all(torch.equal(r[1:], torch.arange(int(r[1]), int(r[1]) + body)) for r in b)
+
+
 def test_no_full_window_is_an_error():
     with pytest.raises(TcalError, match="no full window"):
         WindowOrder(0, seed=0)

@@ -164,6 +164,22 @@ def test_trainer_steps_on_the_recall_mix(assets):
     assert all(any(torch.equal(m[-4:], m[i:i + 4]) for i in range(SEQ - 8 + 1)) for m in mixed)
 
 
+def test_trainer_windows_start_with_the_prefix(assets):
+    """A tokenizer that puts a BOS before every text (Gemma) has it start every training window too."""
+    train, eval_ids = distill_data(assets)
+    t = Trainer(load_model(assets / "hybrid"), load_model(assets / "teacher"), options(), tokens=3 * TPS,
+                train_tokens=train, eval_ids=eval_ids, prefix=(5,))
+    seen = []
+    forward = t.hidden_t
+    t.hidden_t = lambda ids: (seen.append(ids.clone()), forward(ids))[1]
+    t.step()
+    ids = torch.cat(seen)
+    assert ids.shape[1] == SEQ and bool((ids[:, 0] == 5).all()) and t.n_windows == len(train) // (SEQ - 1)
+    with pytest.raises(TcalError, match="leaves no room"):
+        Trainer(load_model(assets / "hybrid"), load_model(assets / "teacher"), options(), tokens=3 * TPS,
+                train_tokens=train, eval_ids=eval_ids, prefix=tuple(range(SEQ)))
+
+
 def test_no_student_and_no_checkpoint_is_an_error(assets, tmp_path):
     with pytest.raises(TcalError, match="no student model given"):
         run(assets, tmp_path / "x.partial", options(), student=None)

@@ -103,6 +103,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     from tcal.data.corpora import check_disjoint
     from tcal.data.streams import eval_windows_for, load_token_stream
     from tcal.data.teachers import load_tokenizer_dir
+    from tcal.data.tokens import window_prefix
     from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
     from tcal.train.config import changed_settings
@@ -138,11 +139,15 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
     probes = passkey_probes(cfg, tokenizer, teacher)
+    # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
+    prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
+    if prefix:
+        settings = {**settings, "window_prefix": list(prefix)}
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
     with removed_unless_resumable(out, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
-                                  world=world, probes=probes)
+                                  world=world, probes=probes, prefix=prefix)
     report.update(budget_tokens=cfg.tokens, data=info)
     if not main:
         return report

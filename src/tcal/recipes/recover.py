@@ -215,6 +215,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.data.tokens import window_prefix
     from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer, partial_dir
     from tcal.train.trainer import distill
@@ -229,6 +230,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
     probes = passkey_probes(cfg, tokenizer, teacher)  # the same prompts for every init
+    prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
     reports, init_info = {}, {}
@@ -258,8 +260,8 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
         partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
-                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world,
-                                  probes=probes)
+                                  settings={**dataclasses.asdict(dcfg), **({"window_prefix": list(prefix)} if prefix else {})},
+                                  callback=callback, world=world, probes=probes, prefix=prefix)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)

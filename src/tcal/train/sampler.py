@@ -9,6 +9,9 @@ on ``batch_size * seq_len`` tokens.
 A recall mix (``recall_frac`` > 0, tcal.data.recall) turns a share of the windows into ones that end
 with a verbatim copy of an earlier span of themselves; which ones, and which span, is a function of
 (seed, sample) alone, like the order.
+
+A ``prefix`` (the tokens the tokenizer puts before every text: Gemma's BOS) starts every window, as every text the
+teacher was trained on did; the stream is then cut into windows of ``seq_len - len(prefix)`` tokens.
 """
 from __future__ import annotations
 
@@ -40,15 +43,19 @@ class WindowOrder:
 
 
 def batch_for_step(tokens: np.ndarray, order: WindowOrder, seq_len: int, step: int, batch_size: int,
-                   rows: range | None = None, *, recall_frac: float = 0.0, recall_span: int = 0) -> torch.Tensor:
+                   rows: range | None = None, *, recall_frac: float = 0.0, recall_span: int = 0,
+                   prefix: tuple[int, ...] = ()) -> torch.Tensor:
     """The (batch_size, seq_len) LongTensor that step ``step`` trains on, or only its rows ``rows``
     (one rank's share: the ranks' shares together are the same batch)."""
+    body = seq_len - len(prefix)  # stream tokens per window
+    head = np.asarray(prefix, dtype=np.int64)
     picked = []
     for b in range(batch_size) if rows is None else rows:
         sample = step * batch_size + b
-        start = order.window(sample) * seq_len
-        window = np.asarray(tokens[start:start + seq_len], dtype=np.int64)
-        picked.append(recall_window(window, order.seed, sample, recall_frac, recall_span))
+        start = order.window(sample) * body
+        window = np.asarray(tokens[start:start + body], dtype=np.int64)
+        window = recall_window(window, order.seed, sample, recall_frac, recall_span)
+        picked.append(np.concatenate([head, window]) if len(head) else window)
     return torch.from_numpy(np.stack(picked))
 
 

@@ -89,9 +89,13 @@ class Trainer:
 
     def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
                  eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None,
-                 probes: Mapping[str, Callable[[nn.Module], float]] | None = None):
+                 probes: Mapping[str, Callable[[nn.Module], float]] | None = None, prefix: tuple[int, ...] = ()):
         check_train_options(cfg, tokens)
         self.cfg = cfg
+        self.prefix = tuple(int(t) for t in prefix)  # starts every training window (tcal.train.sampler)
+        if len(self.prefix) >= cfg.seq_len:
+            raise TcalError(f"--seq-len {cfg.seq_len} leaves no room after the {len(self.prefix)} token(s) every "
+                            "window starts with; use a longer --seq-len")
         self.settings = settings if settings is not None else dataclasses.asdict(cfg)  # what a resume must match
         self.world = world if world is not None else D.World(device=resolve_device(cfg.device))
         self.device = torch.device(self.world.device)
@@ -107,7 +111,7 @@ class Trainer:
                               eval_every=cfg.eval_every, tokens_per_step=self.tokens_per_step,
                               eval_early=cfg.eval_early, on_nonfinite="raise")
         self.train_tokens, self.eval_ids = train_tokens, eval_ids
-        self.n_windows = int(train_tokens.shape[0]) // cfg.seq_len
+        self.n_windows = int(train_tokens.shape[0]) // (cfg.seq_len - len(self.prefix))
         self.order = WindowOrder(self.n_windows, cfg.seed)
         self.main = self.world.is_main()
         # scores beside the PPL at every curve point (e.g. passkey@4096: tcal.evaluate.niah.retrieval_probes)
@@ -187,7 +191,8 @@ class Trainer:
             g["lr"] = self.lr(self.step_count)
         # this rank's rows of the global batch (all of it in one process)
         ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size,
-                             rows=self.rows, recall_frac=cfg.recall_frac, recall_span=cfg.recall_span)
+                             rows=self.rows, recall_frac=cfg.recall_frac, recall_span=cfg.recall_span,
+                             prefix=self.prefix)
         ids = ids.to(self.device)
         micro = cfg.micro_batch or self.local_batch
         self.optimizer.zero_grad(set_to_none=True)
@@ -389,14 +394,17 @@ class Trainer:
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
             partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
             callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
-            probes: Mapping[str, Callable[[nn.Module], float]] | None = None) -> tuple[dict, object]:
+            probes: Mapping[str, Callable[[nn.Module], float]] | None = None,
+            prefix: tuple[int, ...] = ()) -> tuple[dict, object]:
     """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
 
     ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
     seeds every RNG with ``cfg.seed``; a resumed one restores them. ``settings`` (default: ``cfg``)
     are what a resumption must match. ``world`` (default: one process): under torchrun every rank
     calls this with the same arguments; rank 0 alone writes into ``partial`` and gets the trained
-    student back (as one unsharded CPU model; the other ranks get None).
+    student back (as one unsharded CPU model; the other ranks get None). ``prefix``: the tokens every training
+    window starts with (the tokenizer's BOS, tcal.data.tokens.window_prefix); a resumed run must pass the same,
+    through ``settings``.
     """
     world = world if world is not None else D.World(device=resolve_device(cfg.device))
     ckpt = checkpoint_dir(partial) if partial.is_dir() else None
@@ -416,7 +424,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     if world.is_main():
         partial.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
-                      settings=settings, world=world, probes=probes)
+                      settings=settings, world=world, probes=probes, prefix=prefix)
     trainer.teacher_ppl = teacher_ppl
     if resume_state is not None:
         trainer.resume_from(ckpt)
