@@ -10,9 +10,10 @@ import importlib
 import logging
 import os
 import sys
+import warnings
 
 from tcal.utils.config import add_dataclass_args, from_args
-from tcal.utils.errors import TcalError
+from tcal.utils.errors import TcalError, TcalWarning
 
 # name -> (recipe module, config class, help)
 COMMANDS = {
@@ -60,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None, _default=warnings.formatwarning):
+    # tcal's own warnings are messages for the user: one line, without the source line that raised them
+    if issubclass(category, TcalWarning):
+        return f"tcal: warning: {message}\n"
+    return _default(message, category, filename, lineno, line)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     ns = parser.parse_args(argv)
     # under torchrun, rank 0 logs; the other ranks only warn

@@ -274,3 +274,24 @@ def test_python_api_errors(workspace):
     with pytest.raises(TcalError, match="tokenizer"):
         tcal.perplexity(teacher, None, "some text to score here", window=4, windows=1)
     assert tcal.perplexity(teacher, None, torch.randint(0, 97, (1, 8)), window=8, windows=1) > 0
+
+
+def test_converting_every_global_layer_is_one_warning_line(tmp_path, capsys):
+    # a Gemma 3 teacher whose layer 3 is its only global one, and a keep list that converts it
+    from helpers import tiny_teacher, word_tokenizer
+
+    from tcal.cli import _format_warning
+    from tcal.utils.errors import TcalWarning
+
+    words = "the cat sat on a mat dog ran far away".split()
+    tiny_teacher("gemma3", num_hidden_layers=4).save_pretrained(tmp_path / "gemma")
+    word_tokenizer(words).save_pretrained(tmp_path / "gemma")
+    with pytest.warns(TcalWarning, match=r"^the keep list converts every global-attention layer \(3\)") as seen:
+        code, _, err = run(capsys, "convert", "--teacher", tmp_path / "gemma", "--keep", "0,1", "--init", "copy",
+                           "--eval", "text:" + " ".join(words * 20), "--eval-windows", 1, "--eval-window", 8,
+                           "--no-progress", "--out", tmp_path / "o")
+    assert code == 0, err
+    w = seen[0]
+    line = _format_warning(w.message, w.category, w.filename, w.lineno)
+    assert line.startswith("tcal: warning: the keep list") and line.count("\n") == 1
+    assert "- warning: the keep list converts every global-attention layer" in (tmp_path / "o" / "report.md").read_text()

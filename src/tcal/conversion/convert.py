@@ -19,7 +19,7 @@ from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.taylor.pipeline import Calibration, as_calibration_ids
 from tcal.utils.config import DEFAULT_CALIB
-from tcal.utils.errors import TcalError
+from tcal.utils.errors import TcalError, TcalWarning
 
 # The reference's calibration budget: 4 sequences of 256 tokens.
 CALIB_WINDOW, CALIB_WINDOWS = 256, 4
@@ -88,7 +88,7 @@ def convert_with_record(
     note = global_layers_note(getattr(teacher.config, "layer_types", None), list(keep))
     if note:
         record["warnings"] = [note]
-        warnings.warn(f"tcal convert: {note}", stacklevel=2)
+        warnings.warn(note, TcalWarning, stacklevel=2)
 
     t0 = time.perf_counter()
     hybrid = build_hybrid(teacher, keep, seed=seed, target=target, **gdn_options)

@@ -6,3 +6,7 @@ class TcalError(Exception):
 
     The CLI prints ``str(err)`` on one line and exits with status 2, never a traceback.
     """
+
+
+class TcalWarning(UserWarning):
+    """Something the user should know that does not stop the work (the CLI prints it as one line)."""
