@@ -101,6 +101,15 @@ def _quiet_writer():
         logger.setLevel(level)
 
 
+def _write_out(w) -> None:
+    """Write a filled GGUFWriter's header, metadata and tensors, and close it."""
+    with _quiet_writer():
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=False)
+        w.close()
+
+
 def _add(w, gname: str, t: torch.Tensor, qtype):
     """Add one tensor to the writer in ``qtype``; returns ``qtype``."""
     import gguf
@@ -179,11 +188,7 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
         elif gname.endswith("ssm_conv1d.weight"):
             t = t.squeeze(1)
         types[gname] = _add(w, gname, t, _tensor_type(gname, t, file_type, hf_name in scaled)).name
-    with _quiet_writer():
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file(progress=False)
-        w.close()
+    _write_out(w)
     return types
 
 
@@ -273,9 +278,5 @@ def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = 
             t = _interleave_rope_rows(t, KV)
         qtype = _tensor_type(gname, t, file_type, scaled=False)
         types[gname] = _add(w, gname, t, qtype).name
-    with _quiet_writer():
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file(progress=False)
-        w.close()
+    _write_out(w)
     return types

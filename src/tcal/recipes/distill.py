@@ -141,8 +141,6 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     probes = passkey_probes(cfg, tokenizer, teacher)
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
-    if prefix:
-        settings = {**settings, "window_prefix": list(prefix)}
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
     with removed_unless_resumable(out, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,

@@ -260,8 +260,8 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
         partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
-                                  settings={**dataclasses.asdict(dcfg), **({"window_prefix": list(prefix)} if prefix else {})},
-                                  callback=callback, world=world, probes=probes, prefix=prefix)
+                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world,
+                                  probes=probes, prefix=prefix)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)

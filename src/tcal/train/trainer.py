@@ -403,16 +403,18 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     are what a resumption must match. ``world`` (default: one process): under torchrun every rank
     calls this with the same arguments; rank 0 alone writes into ``partial`` and gets the trained
     student back (as one unsharded CPU model; the other ranks get None). ``prefix``: the tokens every training
-    window starts with (the tokenizer's BOS, tcal.data.tokens.window_prefix); a resumed run must pass the same,
-    through ``settings``.
+    window starts with (the tokenizer's BOS, tcal.data.tokens.window_prefix); it joins the settings, so a resumed
+    run must pass the same.
     """
+    settings = dict(settings if settings is not None else dataclasses.asdict(cfg))
+    if prefix:  # windows cut around a BOS are other windows: a resume must cut them the same way
+        settings["window_prefix"] = list(prefix)
     world = world if world is not None else D.World(device=resolve_device(cfg.device))
     ckpt = checkpoint_dir(partial) if partial.is_dir() else None
     resume_state = None
     if ckpt is not None:
         resume_state = json.loads((ckpt / "resume" / "state.json").read_text())
-        now = settings if settings is not None else dataclasses.asdict(cfg)
-        diff = changed_settings(resume_state["config"], now)
+        diff = changed_settings(resume_state["config"], settings)
         if diff:
             raise TcalError(f"cannot resume {partial}: settings changed ({', '.join(diff)}); "
                             "resume with the same settings or delete the partial directory")

@@ -52,16 +52,17 @@ def _attention_layer(cache, layer_idx: int) -> int | None:
 
 
 def _redirect(method):
+    signature = inspect.signature(method)
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        names = method.__code__.co_varnames[1:method.__code__.co_argcount]
-        bound = dict(zip(names, args), **kwargs)
-        layer_idx = bound.get("layer_idx", 0)
+        bound = signature.bind(self, *args, **kwargs)
+        layer_idx = bound.arguments.get("layer_idx", 0)
         if isinstance(layer_idx, int) and layer_idx:
             other = _attention_layer(self, layer_idx)
             if other is not None:
-                bound["layer_idx"] = other
-        return method(self, **bound)
+                bound.arguments["layer_idx"] = other
+        return method(*bound.args, **bound.kwargs)
 
     wrapper._tcal_redirect = True
     return wrapper
