@@ -36,6 +36,8 @@
 #   gemma          Gemma 3 270M conversions (GEMMA_JOBS: NAME/KEEP/INIT/BUDGET), PPL on three held-out domains and
 #                  passkey at 512-8K (GEMMA_SAMPLES per length, seed 0), the teacher's passkey first; needs the Gemma
 #                  pieces staged (device_stage.sh GEMMA=1)
+#   gemma-distill  tcal distill of a gemma job's hybrid (GEMMA_DISTILL_FROM, default local-long) on the Gemma token pool
+#                  (GEMMA_DISTILL_TOKENS, 4K windows, the recall mix), resumed across calls (CALL_S), then its passkey at 512-8K
 #   gemma-bench    tcal bench FastDecoder rows at 8K-32K for the gemma3-270m and gemma3-1b shapes (GEMMA_BENCH_KEEPS)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
@@ -68,7 +70,7 @@ left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in recover|sweep|recover50|quality|distill-long|layout) need_teacher "$step" ;; esac
-  if [ "$step" = gemma ] && [ ! -e ~/.cache/tcal/gguf/$GEMMA_NAME ]; then
+  if { [ "$step" = gemma ] || [ "$step" = gemma-distill ]; } && [ ! -e ~/.cache/tcal/gguf/$GEMMA_NAME ]; then
     echo "gemma: the Gemma 3 GGUF is not staged on this machine: run 'stage' with each .dev/carry/gK transferred" >&2
     exit 3
   fi
@@ -106,6 +108,11 @@ for step in "$@"; do
       for f in .dev/carry/*/gemma-tokenizer.tar.xz; do
         [ -f "$f" ] && mkdir -p ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer && python3 -c \
           "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer
+      done
+      # a token pool made with the Gemma 3 tokenizer (`tcal pool --teacher gemma3-270m`), as .dev/carry/*/gpool.tar.xz
+      for f in .dev/carry/*/gpool.tar.xz; do
+        [ -f "$f" ] && [ ! -f $S/gpool/manifest.json ] && mkdir -p $S/gpool && python3 -c \
+          "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" $S/gpool
       done
       # the Gemma 3 GGUF's pieces (.dev/carry/gK/NAME.K-of-N, one per transfer): joined and checked once all are here
       for f in .dev/carry/g*/$GEMMA_NAME.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
@@ -287,7 +294,7 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
       # with fewer than GEMMA_JOB_S seconds of CALL_S left). The teacher's own passkey runs first.
       T=/tmp/tcal-runs/gemma
       mkdir -p $T
-      if [ ! -f $T/teacher-niah/niah.json ]; then
+      if [ "${GEMMA_TEACHER_NIAH:-1}" = 1 ] && [ ! -f $T/teacher-niah/niah.json ]; then
         python3 -m tcal.cli eval gemma3-270m --task single --lengths 512,1024,2048,4096,8192 \
           --samples "${GEMMA_SAMPLES:-50}" --seed 0 --device cuda --no-progress --out $T/teacher-niah 2>&1 | grep -v "it/s" | tail -3
       fi
@@ -312,6 +319,28 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
         fi
       done
       (cd $T && tar czf "$OUT/gemma.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+    gemma-distill)
+      # distil a hybrid of the gemma step (GEMMA_DISTILL_FROM, a job name) on 4,096-token windows of the Gemma token pool
+      # with the recall mix, then its passkey at 512-8K; resumes where a call's time ran out (CALL_S), until "wrote"
+      H=/tmp/tcal-runs/gemma/${GEMMA_DISTILL_FROM:-local-long}
+      D=$H-distilled
+      [ -f $H/report.json ] || { echo "gemma-distill: no hybrid at $H: run the gemma step with a GEMMA_JOBS entry of that name" >&2; exit 3; }
+      [ -f $S/gpool/manifest.json ] || { echo "gemma-distill: the Gemma token pool is not staged: run 'stage' with .dev/carry/gp transferred" >&2; exit 3; }
+      if [ ! -f $D/report.json ] || [ -d $D.partial ]; then
+        RESUME=; [ -d $D.partial ] && RESUME=--resume
+        MIN=$(python3 -c "import sys; m = (int(sys.argv[1]) - ${GEMMA_DISTILL_KEEP_S:-150}) / 60
+sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
+          || { echo "gemma-distill: $(left) s left of CALL_S, too few to start"; continue; }
+        python3 -m tcal.cli distill "$H" --teacher gemma3-270m --data $S/gpool --tokens "${GEMMA_DISTILL_TOKENS:-8000000}" \
+          --seq-len 4096 --batch-size 8 --kl-chunk 4096 --recall-frac 0.5 --eval wiki:eval --eval-windows 16 \
+          --eval-every "${GEMMA_DISTILL_EVAL_EVERY:-4000000}" --eval-passkey 1024,4096 --eval-passkey-samples 20 \
+          --max-minutes "$MIN" --no-progress --out $D $RESUME 2>&1 | grep -v "it/s" | tail -12
+      fi
+      if [ -f $D/report.json ] && [ ! -d $D.partial ] && [ ! -f $D-niah/niah.json ]; then
+        python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096,8192 --samples "${GEMMA_SAMPLES:-50}" \
+          --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+      fi
+      (cd /tmp/tcal-runs/gemma && tar czf "$OUT/gemma.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
     gemma-bench)
       # FastDecoder speed of Gemma 3 shapes (random weights: speed does not depend on them) against their teachers,
       # one hybrid per GEMMA_BENCH_KEEPS entry (space-separated NAME=KEEP)

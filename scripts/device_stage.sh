@@ -7,7 +7,8 @@
 #                  shakespeare and sotu corpora
 #   .dev/carry/c   the pool's last file and its manifest (so `a` with `.whl` stays small)
 #   .dev/carry/gK  with GEMMA=1: piece K of the Gemma 3 270M GGUF (Q4_K data does not compress; 5 pieces of up to 52 MiB),
-#                  and .dev/carry/gdata the corpora again (for a machine that gets only Gemma)
+#                  .dev/carry/gdata the corpora again (for a machine that gets only Gemma), .dev/carry/gp a token pool in
+#                  Gemma's tokens (for gemma-distill)
 #   .whl           flash-linear-attention, fla-core and gguf wheels (pure Python)
 #   .whl-eval      lm-evaluation-harness and the packages it needs (for the quality step's harness tasks)
 # Then, on the GPU machine (scripts/device_session.sh says how):
@@ -83,5 +84,11 @@ if [ "${GEMMA:-0}" = 1 ]; then
   # and its tokenizer as this machine's transformers converts it (older ones split it into single characters)
   PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import load_teacher; load_teacher("gemma3-270m")' >/dev/null
   tar cf - -C "$CACHE/teachers/gemma3-270m" tokenizer.json tokenizer_config.json | xz -6 -T0 > .dev/carry/gdata/gemma-tokenizer.tar.xz
+  # a distillation pool in Gemma's tokens (the pool's sources, 9M tokens: 36 MB of uint32 ids, ~8 MB compressed)
+  if [ ! -f .dev/carry/gp/gpool.tar.xz ]; then
+    PYTHONPATH=src "$PY" -m tcal pool --teacher gemma3-270m --out .dev/gpool --max-tokens "${GEMMA_POOL_TOKENS:-9000000}" \
+      --no-progress --overwrite
+    mkdir -p .dev/carry/gp && tar cf - -C .dev/gpool . | xz -6 -T0 > .dev/carry/gp/gpool.tar.xz
+  fi
 fi
 du -sh .dev/carry/* .whl .whl-eval

@@ -57,3 +57,21 @@ def test_calibration_tokens_from_text_ids_or_a_prepared_calibration(tmp_path, mo
     from_cal = convert_with_record(teacher, [0, 2], "taylor", calib_ids=cal, align=align)
     a, b, c = (x.hybrid.state_dict() for x in (from_text, from_ids, from_cal))
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]) for k in a)
+
+
+def test_stage_timings_say_where_a_conversion_went():
+    from tcal.conversion.convert import stage_timings
+    from tcal.taylor.config import KLConfig
+
+    teacher = tiny_teacher("llama")
+    ids = torch.randint(0, teacher.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
+    conv = convert_with_record(teacher, [0, 2], "taylor", calib_ids=ids, align=AlignConfig(steps=2),
+                               kl=KLConfig(steps=2, batch_size=2))
+    t = conv.record["timings"]
+    assert {"phase1_s", "phase2_s", "kl_stage_s"} <= set(t)
+    assert t["kl_stage_s"] == conv.record["detail"]["kl"]["wall_s"]
+    assert t["phase1_s"] + t["phase2_s"] + t["kl_stage_s"] <= t["init_s"]
+    # layers fitted side by side share one wall time, counted once
+    both = {1: {"wall_s": 1.0, "group": [1, 3], "group_wall_s": 2.0}, 3: {"wall_s": 1.0, "group": [1, 3], "group_wall_s": 2.0}}
+    assert stage_timings({"phase2": both}) == {"phase2_s": 2.0}
+    assert stage_timings({}) == {} and stage_timings(None) == {}

@@ -1,5 +1,7 @@
 """`tcal convert` (CLI) and `tcal.convert()` (API) reach the stage chain through the same function:
 for the same teacher, layers, init and calibration data they give bit-identical GDN weights."""
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -18,6 +20,12 @@ def test_cli_and_api_give_bit_identical_gdn_weights(workspace, init):
             "--eval", "none", "--device", "cpu", "--out", out]
     assert main([str(a) for a in argv]) == 0
     cli = load_file(out / "model.safetensors")
+    report = json.loads((out / "report.json").read_text())
+    assert "phase2_s" in report["timings"]  # where the conversion's time went
+    if init == "taylor":  # the one of the three with a KL stage: what it did is in the report
+        assert report["kl_stage"]["steps_run"] >= 1 and report["timings"]["kl_stage_s"] == report["kl_stage"]["wall_s"]
+    else:
+        assert report["kl_stage"] is None
 
     teacher, tok = load_teacher(str(workspace / "teacher"))
     hybrid = tcal.convert(teacher, keep=[0, 2], init=init, calib=str(workspace / "calib.txt"), tokenizer=tok,

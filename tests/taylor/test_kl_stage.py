@@ -138,9 +138,10 @@ def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monk
         rec = kl_stage(hybrid, teacher, train, held, KLConfig(cache_teacher=cache, **cfg))
         handle.remove()
         runs[name] = (rec, calls["n"], [p.detach().clone() for p in hybrid.parameters()])
-    # per step one teacher forward, per evaluation (5: before the first step, then every 3rd) two batches of 2
-    assert runs["recompute"][1] == 12 + 5 * 2 and runs["no room"][1] == 12 + 5 * 2
-    assert runs["kept"][1] == 2 + 4  # each sequence once, in batches of 2
+    # per step one teacher forward, per evaluation (5: before the first step, then every 3rd) one pass over the 4
+    # held-out sequences (eval_tokens holds them all)
+    assert runs["recompute"][1] == 12 + 5 and runs["no room"][1] == 12 + 5
+    assert runs["kept"][1] == 1 + 4  # each sequence once: the held-out ones in one pass, the training ones in 2s
     assert runs["kept"][0]["teacher_cached"] == {"heldout": True, "train": True}
     assert runs["no room"][0]["teacher_cached"] == {"heldout": False, "train": False}
     ref_rec, _, ref_params = runs["recompute"]
@@ -149,3 +150,25 @@ def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monk
         assert rec["train_kl"] == pytest.approx(ref_rec["train_kl"], rel=1e-4), name
         assert [k for _, k in rec["heldout_curve"]] == pytest.approx([k for _, k in ref_rec["heldout_curve"]], rel=1e-4)
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(params, ref_params)), name
+
+
+def test_heldout_checks_in_larger_passes_score_and_choose_the_same():
+    # eval_tokens only changes how many held-out sequences one no-grad pass takes, never the score or the state kept
+    teacher = tiny_teacher("llama", **CFG)
+    held = ids(6, seed=1)
+    hybrid = build_hybrid(teacher, [0])
+    assert mean_kl(hybrid, teacher, held, 1) == pytest.approx(mean_kl(hybrid, teacher, held, 6), rel=1e-5)
+    recs = []
+    for eval_tokens in (1, 10**6):
+        h = build_hybrid(teacher, [0])
+        recs.append(kl_stage(h, teacher, ids(8), held, KLConfig(steps=12, lr=3e-3, batch_size=2, eval_every=2,
+                                                                 patience=None, eval_tokens=eval_tokens)))
+    assert recs[0]["best_step"] == recs[1]["best_step"]
+    assert [s for s, _ in recs[0]["heldout_curve"]] == [s for s, _ in recs[1]["heldout_curve"]]
+    for (_, a), (_, b) in zip(recs[0]["heldout_curve"], recs[1]["heldout_curve"]):
+        assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_eval_tokens_must_be_positive():
+    with pytest.raises(TcalError, match="eval_tokens"):
+        KLConfig(steps=1, eval_tokens=0)

@@ -48,6 +48,23 @@ def calibration_ids(calib, tokenizer, window: int = CALIB_WINDOW, windows: int =
     return mixed_windows(calib, tokenizer, window=window, n_windows=windows)
 
 
+def stage_timings(detail: dict) -> dict:
+    """Seconds spent in each Taylor-Calibrate stage that ran, from an init's record: where a conversion's time
+    went (Phase 2's layers fitted side by side share one wall time, counted once)."""
+    out: dict = {}
+    if not isinstance(detail, dict):
+        return out
+    if detail.get("phase1"):
+        out["phase1_s"] = sum(r.get("wall_s", 0.0) for r in detail["phase1"].values())
+    if detail.get("phase2"):
+        groups = {tuple(r.get("group", [layer])): r.get("group_wall_s", r.get("wall_s", 0.0))
+                  for layer, r in detail["phase2"].items()}
+        out["phase2_s"] = sum(groups.values())
+    if detail.get("kl"):
+        out["kl_stage_s"] = detail["kl"]["wall_s"]
+    return out
+
+
 def convert_with_record(
     teacher,
     keep: Sequence[int] | str,
@@ -101,6 +118,7 @@ def convert_with_record(
     record["detail"] = initialise(hybrid, teacher, spec, calib_ids if spec.calibrated else None,
                                   progress=progress, **init_options)
     record["timings"]["init_s"] = time.perf_counter() - t0
+    record["timings"].update(stage_timings(record["detail"]))
     hybrid.config.tcal_init = spec.name
     return Conversion(hybrid, record)
 

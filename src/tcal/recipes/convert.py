@@ -92,6 +92,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     report = {"teacher": cfg.teacher, "init": cfg.init, "target": hybrid.config.target, "layer_types": hybrid.config.layer_types,
               "timings": {**timings, **record["timings"]}, "selection": record.get("selection"),
               "warnings": record.get("warnings", []),
+              "kl_stage": kl_summary(record["detail"]),
               "calibration": record.get("calibration") and {
                   **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
                   **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
@@ -119,6 +120,15 @@ def _run(cfg: ConvertConfig, world) -> Path:
     return out
 
 
+def kl_summary(detail) -> dict | None:
+    """What the KL stage did (None where the init has none): steps run, the step kept, held-out KL before and
+    after, whether the teacher's hidden states were cached."""
+    kl = detail.get("kl") if isinstance(detail, dict) else None
+    if not kl:
+        return None
+    return {k: kl[k] for k in ("steps_run", "best_step", "heldout_kl_before", "heldout_kl", "teacher_cached", "wall_s")}
+
+
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
     lt, target = report["layer_types"], report.get("target", cfg.target)
     lines = [f"# tcal convert: {cfg.teacher} -> hybrid ({cfg.init})", "",
@@ -135,6 +145,10 @@ def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
         if kl.get("recall_frac"):
             lines.append(f"- KL stage: {kl['recall_frac']:.0%} of its windows end with a copy of an earlier "
                          f"{kl['recall_span']}-token span of themselves (recall mix)")
+    ks = report.get("kl_stage")
+    if ks:
+        lines.append(f"- KL stage: {ks['steps_run']} steps, kept the state of step {ks['best_step']}; held-out KL "
+                     f"{ks['heldout_kl_before']:.4f} -> {ks['heldout_kl']:.4f}")
     if report.get("eval"):
         lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
                      f"first {cfg.eval_windows} x {cfg.eval_window} tokens")

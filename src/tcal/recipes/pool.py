@@ -12,7 +12,7 @@ class PoolConfig(TeacherArgs, OutArgs):
     sources: str = arg("sotu,brown,python-doc,postgres-doc,linux-doc",
                        "comma-separated sources (built-in names, NAME:calib splits, dir:PATH); never evaluation text")
     max_tokens: int | None = arg(None, "stop after this many tokens")
-    max_file_mb: float = arg(60.0, "largest part file in MiB (the GPU machine takes 64 MiB per call)")
+    max_file_mb: float = arg(60.0, "largest part file in MiB (for machines that limit one transfer's size: docs/airgap.md)")
     progress: bool = arg(True, "progress bars (one per source)")
 
 

@@ -91,6 +91,11 @@ class KLConfig:
     grad_clip: float = 1.0
     batch_size: int = 4  # training sequences per step
     eval_every: int = 5  # held-out KL every n steps (and at the last step)
+    # held-out tokens per forward pass of a held-out check (at least batch_size sequences): without gradients a
+    # check fits far more than a training step, and where checks run on the eager chunked path each pass pays
+    # its per-chunk kernel launches, so passes of batch_size made the checks a large share of a long stage
+    # (docs/results.md, *Calibration time*)
+    eval_tokens: int = 32768
     # stop after this many held-out evaluations without a new best, and never before a tenth of the run
     # (patience_frac): late in a long run the held-out KL still falls, slowly and with plateaus, and a fixed
     # few checks cut a long stage off mid-descent (docs/results.md, *Calibration budget*)
@@ -114,8 +119,8 @@ class KLConfig:
             raise TcalError(f"KL stage steps must be >= 0, got {self.steps}")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise TcalError(f"KL stage lr must be a finite number > 0, got {self.lr!r}")
-        if self.batch_size < 1 or self.eval_every < 1:
-            raise TcalError("KL stage batch_size and eval_every must be >= 1")
+        if self.batch_size < 1 or self.eval_every < 1 or self.eval_tokens < 1:
+            raise TcalError("KL stage batch_size, eval_every and eval_tokens must be >= 1")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
         if not (isinstance(self.patience_frac, (int, float)) and 0 <= self.patience_frac <= 1):

@@ -81,6 +81,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
         heldout_ids = recall_rows(heldout_ids, cfg.seed, cfg.recall_frac, cfg.recall_span,
                                   first_sample=train_ids.shape[0])
     params = _gdn_params(hybrid)
+    eval_bs = max(cfg.batch_size, cfg.eval_tokens // max(1, heldout_ids.shape[1]))  # sequences per held-out pass
     saved_flags = {id(p): p.requires_grad for p in hybrid.parameters()}
     base_s, head_s = lm_parts(hybrid)
     base_t, head_t = lm_parts(teacher)
@@ -98,10 +99,10 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     if cfg.cache_teacher:
         room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
         if need <= room:
-            held_t, room = teacher_hidden(base_t, heldout_ids, cfg.batch_size, dev), room - need
+            held_t, room = teacher_hidden(base_t, heldout_ids, eval_bs, dev), room - need
         if _hidden_bytes(teacher, train_ids) <= room:
             train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
-    before = mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t)
+    before = mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t)
     fit, best_state = begin(before), snapshot(params)
     curve, held_curve = [], [(0, before)]
     steps = range(1, cfg.steps + 1)
@@ -141,7 +142,7 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 opt.step()
                 curve.append(kl)
                 fit, best_state = heldout_step(rules, fit, step,
-                                               lambda: mean_kl(hybrid, teacher, heldout_ids, cfg.batch_size, held_t),
+                                               lambda: mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t),
                                                params, best_state, held_curve)
                 if fit.stopped:
                     break
