@@ -36,7 +36,7 @@
 #   gemma          Gemma 3 270M conversions (GEMMA_JOBS: NAME/KEEP/INIT/BUDGET), PPL on three held-out domains and
 #                  passkey at 512-8K (GEMMA_SAMPLES per length, seed 0), the teacher's passkey first; needs the Gemma
 #                  pieces staged (device_stage.sh GEMMA=1)
-#   gemma-distill  tcal distill of a gemma job's hybrid (GEMMA_DISTILL_FROM, default local-long) on the Gemma token pool
+#   gemma-distill  tcal distill of a gemma job's hybrid (GEMMA_DISTILL_FROM, default mix-long) on the Gemma token pool
 #                  (GEMMA_DISTILL_TOKENS, 4K windows, the recall mix), resumed across calls (CALL_S), then its passkey at 512-8K
 #   gemma-bench    tcal bench FastDecoder rows at 8K-32K for the gemma3-270m and gemma3-1b shapes (GEMMA_BENCH_KEEPS)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
@@ -324,7 +324,7 @@ for step in "$@"; do
     gemma-distill)
       # distil a hybrid of the gemma step (GEMMA_DISTILL_FROM, a job name) on 4,096-token windows of the Gemma token pool
       # with the recall mix, then its passkey at 512-8K; resumes where a call's time ran out (CALL_S), until "wrote"
-      H=/tmp/tcal-runs/gemma/${GEMMA_DISTILL_FROM:-local-long}
+      H=/tmp/tcal-runs/gemma/${GEMMA_DISTILL_FROM:-mix-long}
       D=$H-distilled
       [ -f $H/report.json ] || { echo "gemma-distill: no hybrid at $H: run the gemma step with a GEMMA_JOBS entry of that name" >&2; exit 3; }
       [ -f $S/gpool/manifest.json ] || { echo "gemma-distill: the Gemma token pool is not staged: run 'stage' with .dev/carry/gp transferred" >&2; exit 3; }
