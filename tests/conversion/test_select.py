@@ -171,6 +171,34 @@ def test_a_scoped_policy_converts_only_layers_of_its_type():
         select_layers(tiny_teacher("llama"), "uniform:1@sliding")
 
 
+def test_auto_keeps_half_and_every_global_layer_where_there_are_some():
+    from tcal.conversion.policy import auto_policy, resolve_auto
+
+    assert auto_policy(None) == auto_policy(["full_attention"] * 4) == "uniform:50%"
+    assert auto_policy(["sliding_attention"] * 4) == "uniform:50%"  # no global layer to spare
+    assert auto_policy(["sliding_attention"] * 3 + ["full_attention"]) == "uniform:50%@sliding"
+    assert resolve_auto(" auto ", None) == "uniform:50%" and resolve_auto("uniform:2", None) == "uniform:2"
+    assert resolve_auto([0, 2], None) == [0, 2]
+    # the same layers as the policy it stands for, on either kind of teacher
+    gemma, llama = tiny_teacher("gemma3", num_hidden_layers=8), tiny_teacher("llama", num_hidden_layers=6)
+    assert select_layers(gemma, "auto") == select_layers(gemma, "uniform:50%@sliding")
+    assert select_layers(gemma, "auto").layers == [0, 2, 3, 5, 7]
+    assert select_layers(llama, "auto") == select_layers(llama, "uniform:50%") == Selection("uniform:3", [0, 2, 4])
+    # commands check the syntax before the teacher loads; a resolved count needs the teacher's layer types
+    assert parse_policy("auto", None).kind == "uniform"
+    with pytest.raises(TcalError, match="resolve_auto"):
+        parse_policy("auto", 8)
+
+
+def test_the_commands_default_to_auto():
+    from tcal.recipes.ablate import AblateConfig
+    from tcal.recipes.convert import ConvertConfig
+
+    assert ConvertConfig().keep == AblateConfig().keep == "auto"
+    # on SmolLM2's 30 layers auto is the list convert had as its default, so its results are unchanged
+    assert select_layers(tiny_teacher("llama", num_hidden_layers=30), "auto").layers == list(range(0, 30, 2))
+
+
 def test_converting_every_global_layer_warns():
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.policy import global_layers_note

@@ -127,7 +127,8 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
     """Build a hybrid of ``teacher`` keeping ``keep`` as softmax attention, GDN elsewhere.
 
     - ``keep``: a list of layer indices, ``"0,4,8"``, or a policy ``"uniform:K"``, ``"ar:K"``,
-      ``"ga:K"`` (K a count or a percentage); ar/ga score layers on a validation slice of the
+      ``"ga:K"``, ``"niah:K"`` (K a count or a percentage, optionally ``@sliding`` / ``@full``) or ``"auto"``
+      (:mod:`tcal.conversion.policy`); ar/ga score layers on a validation slice of the
       calibration corpus (:mod:`tcal.conversion.select`).
     - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
     - ``target``: ``"auto"`` (default: ``"qwen3_5"`` where the layout holds the teacher, else ``"native"``),

@@ -5,6 +5,7 @@
     ar:K          attention removal (scored by tcal.conversion.select)
     ga:K          one-attention students (scored by tcal.conversion.select)
     niah:K        attention removal scored by retrieval (scored by tcal.conversion.select)
+    auto          uniform:50%, scoped to the sliding-window layers on a teacher that mixes them with global ones
 K may be a fraction of the layers: uniform:25%.
 A policy may be scoped to one attention type with @sliding or @full (for teachers that mix sliding-window and
 global layers, e.g. Gemma 3): it converts only layers of that type, K counts among them, and every layer of
@@ -19,6 +20,11 @@ from dataclasses import dataclass
 from tcal.utils.errors import TcalError
 
 POLICIES = ("uniform", "ar", "ga", "niah")
+AUTO = "auto"
+KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
+             ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%), scoped to one layer "
+             "type with @sliding or @full; auto = uniform:50%, or uniform:50%@sliding on a teacher with "
+             "sliding-window and global layers (Gemma 3)")
 # @scope -> the layer type (transformers' config.layer_types) a scoped policy converts
 SCOPES = {"sliding": "sliding_attention", "local": "sliding_attention", "full": "full_attention",
           "global": "full_attention"}
@@ -30,6 +36,19 @@ class Policy:
     k: int
     layers: list[int] | None = None  # for "list"
     scope: str | None = None  # a layer type of SCOPES: only layers of it are converted, K counts among them
+
+
+def auto_policy(layer_types: list[str] | None) -> str:
+    """The policy ``auto`` stands for on a teacher with these ``layer_types``: half of the layers kept, and on a
+    teacher that mixes sliding-window and global layers (Gemma 3) only sliding-window ones converted, because
+    converting the global layers costs quality and retrieval (docs/results.md, *Gemma 3 270M*)."""
+    types = set(layer_types or [])
+    return "uniform:50%@sliding" if {"sliding_attention", "full_attention"} <= types else "uniform:50%"
+
+
+def resolve_auto(spec, layer_types: list[str] | None):
+    """``spec`` with ``auto`` replaced by :func:`auto_policy` of the teacher's layer types; any other spec as is."""
+    return auto_policy(layer_types) if isinstance(spec, str) and spec.strip() == AUTO else spec
 
 
 def policy_scope(spec) -> str | None:
@@ -74,6 +93,11 @@ def parse_policy(spec, num_layers: int | None) -> Policy:
     if isinstance(spec, (list, tuple)):
         return Policy("list", len(spec), [layer_index(i) for i in spec])
     spec = str(spec).strip()
+    if spec == AUTO:
+        if num_layers is not None:
+            raise TcalError("keep policy 'auto' depends on the teacher's layer types: resolve it with "
+                            "resolve_auto(spec, config.layer_types) first")
+        return Policy("uniform", 0)
     scope = policy_scope(spec)
     if scope is not None:
         spec = spec.partition("@")[0].strip()
@@ -85,7 +109,7 @@ def parse_policy(spec, num_layers: int | None) -> Policy:
     kind, sep, count = spec.partition(":")
     if not sep or kind not in POLICIES:
         raise TcalError(
-            f"unknown keep policy {spec!r}; use a list like 0,4,8 or one of "
+            f"unknown keep policy {spec!r}; use a list like 0,4,8, {AUTO}, or one of "
             f"{', '.join(p + ':K' for p in POLICIES)} (K a count or a percentage like 25%)"
         )
     try:

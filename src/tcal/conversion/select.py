@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
-from tcal.conversion.policy import parse_policy, policy_scope, scope_layers, top_k, uniform_layers
+from tcal.conversion.policy import parse_policy, policy_scope, resolve_auto, scope_layers, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
 from tcal.data.tokens import mixed_windows
@@ -217,9 +217,11 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
     """
     cfg = cfg or SelectionConfig()
     L = teacher.config.num_hidden_layers
+    layer_types = getattr(teacher.config, "layer_types", None)
+    spec = resolve_auto(spec, layer_types)
     # a scoped policy (uniform:50%@sliding) picks among the layers of one type; the others all stay attention
     scope = policy_scope(spec)
-    cands = scope_layers(scope, getattr(teacher.config, "layer_types", None), L)
+    cands = scope_layers(scope, layer_types, L)
     pol = parse_policy(spec, len(cands))
     label = f"{pol.kind}:{pol.k}" + ("" if scope is None else f"@{scope.split('_')[0]}")
 

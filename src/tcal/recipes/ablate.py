@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from tcal.conversion.policy import KEEP_HELP
 from tcal.taylor.budget import CalibArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
@@ -25,7 +26,7 @@ CPU_KL_STEPS = 10
 
 @dataclass
 class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
-    keep: str = arg("uniform:50%", "layers kept as attention: list (0,4,8) or policy (uniform:K, ar:K, ga:K, niah:K; K a count or K%)")
+    keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, which keeps the "
                                         "default run within 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")

@@ -114,7 +114,7 @@ def _model_config(cfg: BenchConfig) -> tuple[str | None, dict]:
 
 
 def plan(cfg: BenchConfig) -> Plan:
-    from tcal.conversion.policy import parse_policy
+    from tcal.conversion.policy import parse_policy, resolve_auto
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
     rows = list(dict.fromkeys(r.strip() for r in cfg.rows.split(",") if r.strip()))
@@ -165,7 +165,7 @@ def plan(cfg: BenchConfig) -> Plan:
                         f"contexts up to {limit}")
     if shape is not None:
         layers = cfg.num_layers or values["num_hidden_layers"]
-        pol = parse_policy(cfg.keep, layers)
+        pol = parse_policy(resolve_auto(cfg.keep, values.get("layer_types")), layers)
         if pol.kind not in ("list", "uniform"):
             raise TcalError(f"--keep {cfg.keep}: a shape has random weights, so layers cannot be scored on text; "
                             "use a list like 0,4,8 or uniform:K")

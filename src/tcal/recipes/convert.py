@@ -7,19 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcal.conversion.inits import INITS
-from tcal.conversion.policy import POLICIES
+from tcal.conversion.policy import KEEP_HELP
 from tcal.conversion.target import DEFAULT_TARGET, TARGET_HELP, TARGETS
 from tcal.taylor.budget import CalibArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 
-KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
-             ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%)")
-
 
 @dataclass
 class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceArgs):
-    keep: str = arg("0,2,4,6,8,10,12,14,16,18,20,22,24,26,28", KEEP_HELP)
+    keep: str = arg("auto", KEEP_HELP)
     init: str = arg("taylor", "initialisation of the GDN layers: " + ", ".join(INITS) +
                     " (docs/method.md says what each does)")
     target: str = arg(DEFAULT_TARGET, TARGET_HELP, choices=TARGETS)
