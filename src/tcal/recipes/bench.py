@@ -34,8 +34,8 @@ CHECK_STEPS = 64
 class BenchConfig(DeviceArgs, OutArgs):
     model: str = arg("qwen2.5-1.5b", f"a shape ({', '.join(SHAPES)}: that model's config with random weights) "
                                      "or a saved tcal hybrid directory")
-    keep: str = arg("uniform:25%", "shapes only: layers kept as attention in the hybrid, a list like 0,4,8 or "
-                                   "uniform:K (K a count or a percentage)")
+    keep: str = arg("uniform:25%", "shapes only: layers kept as attention in the hybrid, a list like 0,4,8, "
+                                   "uniform:K (K a count or a percentage) or auto")
     contexts: str = arg("2048,8192,32768", "prompt lengths in tokens, comma-separated")
     rows: str = arg("teacher-eager,hybrid-eager,teacher-fast,hybrid-fast",
                     "comma list of: teacher-eager / hybrid-eager (HF forward + DynamicCache), teacher-compiled "
