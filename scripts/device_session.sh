@@ -60,6 +60,13 @@ need_teacher() {
 
 unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
 untar_to() { mkdir -p "$2" && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
+# passkey MODEL OUTDIR LENGTHS SAMPLES: tcal eval's single-needle retrieval (seed 0) of a hybrid or teacher
+passkey() {
+  python3 -m tcal.cli eval "$1" --task single --lengths "$3" --samples "$4" --seed 0 --device cuda --no-progress \
+    --out "$2" 2>&1 | grep -v "it/s" | tail -3
+}
+# pack_runs DIR NAME: DIR's reports, curves and retrieval results (no weights, no unfinished runs) as $OUT/NAME.tgz
+pack_runs() { (cd "$1" && tar czf "$OUT/$2.tgz" --exclude='*.safetensors' --exclude='*.partial' .); }
 
 # CALL_S (seconds, optional): the wall-time limit of this job, set a little below the cluster's own limit per job.
 # distill-long then trains for what is left of it (DISTILL_MINUTES, when set, still caps it) and quality is skipped,
@@ -284,12 +291,11 @@ for step in "$@"; do
           fi
           if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
             [ "$(left)" -lt 100 ] && { echo "layout: $(left) s left of CALL_S, passkey of $b-$t not started"; break 2; }
-            python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096 --samples "${LAYOUT_SAMPLES:-50}" \
-              --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+            passkey $D $D-niah 512,1024,2048,4096 "${LAYOUT_SAMPLES:-50}"
           fi
         done
       done
-      (cd /tmp/tcal-runs/layout && tar czf "$OUT/layout.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+      pack_runs /tmp/tcal-runs/layout layout ;;
     gemma)
       # Gemma 3 270M conversions through the CLI, each with PPL on three held-out domains and passkey at 512-8K:
       # GEMMA_JOBS, space-separated NAME/KEEP/INIT/BUDGET (a job already done on this machine is skipped; none starts
@@ -297,8 +303,7 @@ for step in "$@"; do
       T=/tmp/tcal-runs/gemma
       mkdir -p $T
       if [ "${GEMMA_TEACHER_NIAH:-1}" = 1 ] && [ ! -f $T/teacher-niah/niah.json ]; then
-        python3 -m tcal.cli eval gemma3-270m --task single --lengths 512,1024,2048,4096,8192 \
-          --samples "${GEMMA_SAMPLES:-50}" --seed 0 --device cuda --no-progress --out $T/teacher-niah 2>&1 | grep -v "it/s" | tail -3
+        passkey gemma3-270m $T/teacher-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
       fi
       # the zero-shot ablation at the CPU default budget (reference, 60 Phase 2 and 10 KL steps), GEMMA_ABLATE=0 skips it
       if [ "${GEMMA_ABLATE:-1}" = 1 ] && [ ! -f $T/ablate/ablation.json ]; then
@@ -316,11 +321,10 @@ for step in "$@"; do
         fi
         if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
           [ "$(left)" -lt 60 ] && { echo "gemma: $(left) s left of CALL_S, passkey of $name not started"; break; }
-          python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096,8192 --samples "${GEMMA_SAMPLES:-50}" \
-            --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+          passkey $D $D-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
         fi
       done
-      (cd $T && tar czf "$OUT/gemma.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+      pack_runs $T gemma ;;
     gemma-distill)
       # distil a hybrid of the gemma step (GEMMA_DISTILL_FROM, a job name) on 4,096-token windows of the Gemma token pool
       # with the recall mix, then its passkey at 512-8K; resumes where a call's time ran out (CALL_S), until "wrote"
@@ -338,10 +342,9 @@ for step in "$@"; do
           --max-minutes "$MIN" --no-progress --out $D $RESUME 2>&1 | grep -v "it/s" | tail -12
       fi
       if [ -f $D/report.json ] && [ ! -d $D.partial ] && [ ! -f $D-niah/niah.json ]; then
-        python3 -m tcal.cli eval $D --task single --lengths 512,1024,2048,4096,8192 --samples "${GEMMA_SAMPLES:-50}" \
-          --seed 0 --device cuda --no-progress --out $D-niah 2>&1 | grep -v "it/s" | tail -3
+        passkey $D $D-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
       fi
-      (cd /tmp/tcal-runs/gemma && tar czf "$OUT/gemma.tgz" --exclude='*.safetensors' --exclude='*.partial' .) ;;
+      pack_runs /tmp/tcal-runs/gemma gemma ;;
     gemma-bench)
       # FastDecoder speed of Gemma 3 shapes (random weights: speed does not depend on them) against their teachers,
       # one hybrid per GEMMA_BENCH_KEEPS entry (space-separated NAME=KEEP)

@@ -29,13 +29,13 @@ class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, which keeps the "
-                                        "default run within 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
+                                        "default run on SmolLM2 within 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
     kl_steps: int | None = arg(None, "KL-stage steps (taylor; default: 10 on CPU, for the same reason; the "
                                      "budget's 100 on a GPU)")
     eval: str = arg("wiki:eval,shakespeare:eval,sotu:eval", "held-out evaluation domains, comma-separated (each "
                                                             "is reported on its own; none may overlap --calib)")
     eval_windows: int = arg(8, "evaluation windows per domain (the first N, non-overlapping; 64 is the full "
-                               "protocol, 8 keeps the default run within 15 minutes on 2 CPU cores)")
+                               "protocol, 8 keeps the default run on SmolLM2 within 15 minutes on 2 CPU cores)")
     out: str = arg("runs/ablate", "output directory (written atomically)")
     seed: int = arg(0, "seed of the random parts of every init")
     progress: bool = arg(True, "progress bars")
@@ -78,7 +78,7 @@ def run(cfg: AblateConfig) -> dict:
     device = resolve_device(cfg.device)
     budget = cfg.budget(device)
     align, kl = budget.align, budget.kl
-    if device == "cpu":  # the default run stays within 15 minutes on 2 CPU cores
+    if device == "cpu":  # SmolLM2's default run stays within 15 minutes on 2 CPU cores (Gemma 3's does not: docs/results.md)
         align = dataclasses.replace(align, steps=CPU_ALIGN_STEPS if cfg.align_steps is None else cfg.align_steps)
         kl = dataclasses.replace(kl, steps=CPU_KL_STEPS if cfg.kl_steps is None else cfg.kl_steps)
     t_start = time.perf_counter()
