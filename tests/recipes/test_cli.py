@@ -100,6 +100,16 @@ def test_ablate_small(workspace):
     assert res["rows"][0]["copy_over_init"] == pytest.approx(1.0)
     assert res["rows"][2]["heldout_fit"] is not None and res["rows"][2]["phase_seconds"]["phase2"] > 0
     assert {"ablation.md", "ablation.png", "teacher_stats.json", "tcal_config.json"} <= set(os.listdir(out))
+    assert res["evaluation"]["windows"] == 4
+
+
+def test_ablate_scores_fewer_windows_of_a_large_vocabulary_on_cpu():
+    from tcal.recipes.ablate import AblateConfig, default_eval_windows
+
+    assert AblateConfig().eval_windows is None
+    assert default_eval_windows("cpu", 49_152) == 8  # SmolLM2: the table's protocol is unchanged
+    assert default_eval_windows("cpu", 262_144) == 4  # Gemma 3
+    assert default_eval_windows("cuda", 262_144) == 8
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -95,7 +95,7 @@ class EvalArgs:
             raise TcalError(f"--eval {self.eval!r} has an empty or repeated domain; e.g. --eval wiki:eval,sotu:eval")
         if self.eval_window < 2:
             raise TcalError(f"--eval-window must be at least 2 tokens, got {self.eval_window}")
-        if self.eval_windows < 1:
+        if self.eval_windows is not None and self.eval_windows < 1:
             raise TcalError(f"--eval-windows must be at least 1, got {self.eval_windows}")
 
 
