@@ -24,7 +24,7 @@ CPU_ALIGN_STEPS = 60
 CPU_KL_STEPS = 10
 EVAL_WINDOWS = 8
 # A window's LM head and loss grow with the vocabulary: past this size (Gemma 3: 262,144, 5x SmolLM2's) the CPU
-# default scores half as many windows so the default run still fits 15 minutes on 2 cores.
+# default scores half as many windows, to keep the default run near its 15 minutes on 2 cores.
 LARGE_VOCAB = 131_072
 
 
@@ -37,15 +37,16 @@ def default_eval_windows(device: str, vocab_size: int) -> int:
 class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
-    align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, which keeps the "
-                                        "default run within 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
+    align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, sized for a default "
+                                        "run of about 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
     kl_steps: int | None = arg(None, "KL-stage steps (taylor; default: 10 on CPU, for the same reason; the "
                                      "budget's 100 on a GPU)")
     eval: str = arg("wiki:eval,shakespeare:eval,sotu:eval", "held-out evaluation domains, comma-separated (each "
                                                             "is reported on its own; none may overlap --calib)")
     eval_windows: int | None = arg(None, "evaluation windows per domain (the first N, non-overlapping; 64 is the full "
                                          "protocol; default 8, and 4 on CPU for a vocabulary over 128K tokens, such "
-                                         "as Gemma 3's: either keeps the default run within 15 minutes on 2 CPU cores)")
+                                         "as Gemma 3's, whose LM head makes each window dearer: both sized for a "
+                                         "default run of about 15 minutes on 2 CPU cores, docs/results.md)")
     out: str = arg("runs/ablate", "output directory (written atomically)")
     seed: int = arg(0, "seed of the random parts of every init")
     progress: bool = arg(True, "progress bars")
@@ -88,7 +89,7 @@ def run(cfg: AblateConfig) -> dict:
     device = resolve_device(cfg.device)
     budget = cfg.budget(device)
     align, kl = budget.align, budget.kl
-    if device == "cpu":  # the default run stays within 15 minutes on 2 CPU cores (docs/results.md)
+    if device == "cpu":  # sized for a default run of about 15 minutes on 2 CPU cores (docs/results.md)
         align = dataclasses.replace(align, steps=CPU_ALIGN_STEPS if cfg.align_steps is None else cfg.align_steps)
         kl = dataclasses.replace(kl, steps=CPU_KL_STEPS if cfg.kl_steps is None else cfg.kl_steps)
     t_start = time.perf_counter()
@@ -101,7 +102,8 @@ def run(cfg: AblateConfig) -> dict:
     keep = sel.layers
     gdn_layers = [i for i in range(L) if i not in keep]
     domains = cfg.eval_list()
-    n_eval = cfg.eval_windows or default_eval_windows(device, teacher.config.vocab_size)
+    n_eval = (default_eval_windows(device, teacher.config.vocab_size) if cfg.eval_windows is None
+              else cfg.eval_windows)
     eval_ids = {d: token_windows(d, tok, window=cfg.eval_window, n_windows=n_eval) for d in domains}
 
     def ppl(model) -> dict:
