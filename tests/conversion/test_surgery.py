@@ -55,6 +55,27 @@ def test_copy_init_repeats_kv_rows_and_carries_bias_and_norm(family):
         assert not hasattr(gdn, "q_norm")
 
 
+@pytest.mark.parametrize("family,tied", [("llama", False), ("llama", True), ("qwen3", False), ("gemma3", True)])
+def test_build_without_construction_inits_equals_the_build_with_them(family, tied, monkeypatch):
+    # build_hybrid skips the random inits of construction, which every weight then overwrites: the hybrid must be
+    # the one built with them, parameter for parameter, buffer for buffer, tying and logits included
+    import contextlib
+
+    import tcal.conversion.surgery as surgery
+
+    teacher = tiny_teacher(family, tie_word_embeddings=tied)
+    fast = build_hybrid(teacher, KEEP)
+    monkeypatch.setattr(surgery, "no_init_weights", contextlib.nullcontext)
+    ref = build_hybrid(teacher, KEEP)
+    for kind in ("named_parameters", "named_buffers"):
+        got, want = dict(getattr(fast, kind)(remove_duplicate=False)), dict(getattr(ref, kind)(remove_duplicate=False))
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want), kind
+    assert (fast.lm_head.weight is fast.model.embed_tokens.weight) == tied
+    x = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(fast(x).logits, ref(x).logits)
+
+
 def test_repeat_kv_rows_order():
     w = torch.arange(2 * 3, dtype=torch.float32).reshape(2 * 3, 1)  # 2 KV heads of 3 rows
     out = repeat_kv_rows(w, 2, 4)

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from helpers import assert_close, tiny_teacher
 
 import tcal
-from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.modules.distill_loss import TeacherTargets, chunked_distill_loss, final_hidden, lm_parts, teacher_targets
 from tcal.utils.errors import TcalError
 
 
@@ -42,6 +42,35 @@ def test_chunked_kl_equals_unchunked(ce_weight, chunk, ckpt):
     assert_close(g_hs, hs.grad, 1e-4, f"{tag} grad hidden")
     assert_close(g_w, head_s.weight.grad, 1e-4, f"{tag} grad head weight")
     assert_close(g_b, head_s.bias.grad, 1e-4, f"{tag} grad head bias")
+
+
+@pytest.mark.parametrize("chunk,ckpt", [(5, True), (7, False), (1000, True)])
+def test_kept_teacher_targets_give_the_same_loss_and_gradients(chunk, ckpt):
+    torch.manual_seed(0)
+    N, D, V = 24, 16, 50
+    hs = torch.randn(N, D, requires_grad=True)
+    ht = torch.randn(2, N // 2, D)  # (B, T, D): targets keep the leading dims
+    head_s, head_t = torch.nn.Linear(D, V), torch.nn.Linear(D, V)
+    labels = torch.randint(0, V, (N,))
+    targets = teacher_targets(ht, head_t, chunk_rows=chunk)
+    assert targets.probs.shape == (2, N // 2, V) and targets.neg_entropy.shape == (2, N // 2)
+    assert torch.allclose(targets.probs.sum(-1), torch.ones(2, N // 2), atol=1e-6)
+    results = []
+    for teacher, t_head in ((ht.reshape(N, D), head_t), (targets.rows(), None)):
+        hs.grad = None
+        loss, kl, ce = chunked_distill_loss(hs, head_s, teacher, t_head, labels, ce_weight=0.3, chunk_rows=chunk,
+                                            use_checkpoint=ckpt)
+        loss.backward()
+        results.append((loss.detach(), kl, ce, hs.grad.clone()))
+    (l0, kl0, ce0, g0), (l1, kl1, ce1, g1) = results
+    assert torch.allclose(l0, l1, rtol=1e-6) and kl1 == pytest.approx(kl0, rel=1e-6)
+    assert ce1 == pytest.approx(ce0, rel=1e-6)
+    assert_close(g1, g0, 1e-5, f"chunk={chunk} ckpt={ckpt} grad hidden")
+    sub = targets[torch.tensor([1, 1])]  # rows of chosen sequences, as a training step picks them
+    assert torch.equal(sub.probs[0], targets.probs[1]) and sub.rows().probs.shape == (N, V)
+    with pytest.raises(TcalError, match="vocabular"):
+        chunked_distill_loss(hs, torch.nn.Linear(D, V + 1), targets.rows(), None)
+    assert TeacherTargets.nbytes(N, V) == N * (V + 1) * 4
 
 
 def test_chunked_kl_is_zero_for_identical_models():

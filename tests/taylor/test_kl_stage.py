@@ -129,7 +129,12 @@ def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monk
     train, held = ids(8), ids(4, seed=1)
     cfg = dict(steps=12, lr=3e-3, batch_size=2, eval_every=3, patience=None)
     runs = {}
-    for name, cache, budget in (("recompute", False, None), ("kept", True, None), ("no room", True, 0)):
+    # bytes of the 4 x 16 held-out rows: hidden states 32 floats a row, targets 61 + 1; room for the held-out
+    # targets (and their hidden states while they are made) but nothing of the training rows, or for the held-out
+    # hidden states only
+    held_targets, held_hidden = 64 * 62 * 4 + 64 * 32 * 4, 64 * 32 * 4
+    for name, cache, budget in (("recompute", False, None), ("kept", True, None), ("held targets", True, held_targets),
+                                ("held hidden", True, held_hidden), ("no room", True, 0)):
         if budget is not None:
             monkeypatch.setattr(kl_mod, "memory_budget", lambda device: budget)
         calls = {"n": 0}
@@ -142,10 +147,13 @@ def test_kept_teacher_states_give_the_same_stage_for_fewer_teacher_forwards(monk
     # held-out sequences (eval_tokens holds them all)
     assert runs["recompute"][1] == 12 + 5 and runs["no room"][1] == 12 + 5
     assert runs["kept"][1] == 1 + 4  # each sequence once: the held-out ones in one pass, the training ones in 2s
-    assert runs["kept"][0]["teacher_cached"] == {"heldout": True, "train": True}
-    assert runs["no room"][0]["teacher_cached"] == {"heldout": False, "train": False}
+    assert runs["held targets"][1] == 1 + 12 and runs["held hidden"][1] == 1 + 12
+    assert runs["kept"][0]["teacher_cached"] == {"heldout": "targets", "train": "targets"}
+    assert runs["held targets"][0]["teacher_cached"] == {"heldout": "targets", "train": None}
+    assert runs["held hidden"][0]["teacher_cached"] == {"heldout": "hidden", "train": None}
+    assert runs["no room"][0]["teacher_cached"] == {"heldout": None, "train": None}
     ref_rec, _, ref_params = runs["recompute"]
-    for name in ("kept", "no room"):
+    for name in ("kept", "held targets", "held hidden", "no room"):
         rec, _, params = runs[name]
         assert rec["train_kl"] == pytest.approx(ref_rec["train_kl"], rel=1e-4), name
         assert [k for _, k in rec["heldout_curve"]] == pytest.approx([k for _, k in ref_rec["heldout_curve"]], rel=1e-4)

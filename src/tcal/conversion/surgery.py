@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from tcal.conversion.policy import layer_index
 from tcal.conversion.target import DEFAULT_TARGET, target_options
@@ -117,8 +118,12 @@ def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, t
     ``target`` (:mod:`tcal.conversion.target`) says which layout it must fit."""
     cfg = hybrid_config_for(teacher, keep, target, **gdn_options)
     param = next(teacher.parameters())
-    with torch.device(param.device):
+    # every weight is the teacher's or set below, so the random inits of construction (torch's and transformers',
+    # over the whole model and its embeddings) would be drawn only to be overwritten; without them the tying
+    # that transformers does inside init_weights is done here
+    with torch.device(param.device), no_init_weights():
         hybrid = HybridForCausalLM(cfg).to(param.dtype)
+    hybrid.tie_weights()
     gdn_prefixes = tuple(f"model.layers.{i}.self_attn." for i in cfg.gdn_layers)
     state = {k: v for k, v in teacher.state_dict().items() if not k.startswith(gdn_prefixes)}
     missing, unexpected = hybrid.load_state_dict(state, strict=False)

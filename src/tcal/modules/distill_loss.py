@@ -11,8 +11,15 @@ norm (``model.model``), and the LM heads, log-softmaxes and the loss are compute
 of ``kl_chunk`` token rows inside ``torch.utils.checkpoint``, so at any time only one chunk's
 ``rows x vocab`` fp32 tensors exist, in the forward and in the backward pass (the backward
 recomputes the chunk's logits, teacher included, from the saved hidden states).
+
+A loss that sees the same rows at every step (the KL stage's fixed calibration sequences) can keep
+the teacher's side, its distributions and their negative entropies (:class:`TeacherTargets`), where
+they fit in memory: each step then skips the teacher's LM head and softmax, which over a large
+vocabulary cost as much as the student's.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -32,13 +39,53 @@ def _weight_bias(head) -> tuple[torch.Tensor, torch.Tensor | None]:
     raise TcalError(f"an LM head must be an nn.Linear or a weight tensor, got {type(head).__name__}")
 
 
-def _chunk_terms(hs, ws, bs, ht, wt, bt, labels, kl_scale: float, ce_scale: float):
-    """One chunk of rows: (scaled loss, KL sum, CE sum). Logits and softmaxes in fp32."""
+@dataclass
+class TeacherTargets:
+    """The teacher's next-token distributions of fixed rows, computed once (:func:`teacher_targets`) for a
+    loss that sees the same rows again: ``probs`` (..., V) fp32 and ``neg_entropy`` (...) = sum p log p."""
+
+    probs: torch.Tensor
+    neg_entropy: torch.Tensor
+
+    def __getitem__(self, index) -> TeacherTargets:
+        return TeacherTargets(self.probs[index], self.neg_entropy[index])
+
+    def rows(self) -> TeacherTargets:
+        """Every leading dim flattened into rows: (N, V) and (N,)."""
+        return TeacherTargets(self.probs.reshape(-1, self.probs.shape[-1]), self.neg_entropy.reshape(-1))
+
+    @staticmethod
+    def nbytes(rows: int, vocab: int) -> int:
+        return rows * (vocab + 1) * 4
+
+
+def _teacher_terms(ht, wt, bt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, sum p log p) of one chunk of teacher rows, in fp32."""
+    logp_t = torch.log_softmax(F.linear(ht, wt, bt).float(), dim=-1)
+    p_t = logp_t.exp()
+    return p_t, (p_t * logp_t).sum(-1)
+
+
+@torch.no_grad()
+def teacher_targets(teacher_hidden: torch.Tensor, teacher_head, chunk_rows: int = 1024) -> TeacherTargets:
+    """:class:`TeacherTargets` of ``teacher_hidden`` (..., D) (after the teacher's final norm): the same
+    numbers :func:`chunked_distill_loss` computes from the hidden states, for ``chunk_rows`` rows at a time."""
+    wt, bt = _weight_bias(teacher_head)
+    lead, h = teacher_hidden.shape[:-1], teacher_hidden.reshape(-1, teacher_hidden.shape[-1])
+    probs = torch.empty(h.shape[0], wt.shape[0], dtype=torch.float32, device=h.device)
+    neg_entropy = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+    for i in range(0, h.shape[0], chunk_rows):
+        probs[i : i + chunk_rows], neg_entropy[i : i + chunk_rows] = _teacher_terms(h[i : i + chunk_rows], wt, bt)
+    return TeacherTargets(probs.view(*lead, -1), neg_entropy.view(lead))
+
+
+def _chunk_terms(hs, ws, bs, ht, wt, bt, p_t, neg_entropy, labels, kl_scale: float, ce_scale: float):
+    """One chunk of rows: (scaled loss, KL sum, CE sum). Logits and softmaxes in fp32. The teacher's side
+    comes from its hidden states ``ht`` or, when kept (``ht`` None), as ``p_t`` and ``neg_entropy``."""
     logp_s = torch.log_softmax(F.linear(hs, ws, bs).float(), dim=-1)
-    with torch.no_grad():
-        logp_t = torch.log_softmax(F.linear(ht, wt, bt).float(), dim=-1)
-        p_t = logp_t.exp()
-        neg_entropy = (p_t * logp_t).sum(-1)
+    if ht is not None:
+        with torch.no_grad():
+            p_t, neg_entropy = _teacher_terms(ht, wt, bt)
     kl = (neg_entropy - (p_t * logp_s).sum(-1)).sum()
     if labels is not None:
         valid = labels >= 0
@@ -53,8 +100,8 @@ def _chunk_terms(hs, ws, bs, ht, wt, bt, labels, kl_scale: float, ce_scale: floa
 def chunked_distill_loss(
     student_hidden: torch.Tensor,  # (N, D) after the student's final norm
     student_head,  # nn.Linear (V <- D) or its weight
-    teacher_hidden: torch.Tensor,  # (N, D') after the teacher's final norm, no grad
-    teacher_head,
+    teacher_hidden: torch.Tensor | TeacherTargets,  # (N, D') after the teacher's final norm, no grad; or kept targets
+    teacher_head,  # nn.Linear or its weight; unused (may be None) with TeacherTargets
     labels: torch.Tensor | None = None,  # (N,) next-token ids, -100 where there is none
     *,
     ce_weight: float = 0.0,
@@ -68,18 +115,21 @@ def chunked_distill_loss(
     ``torch.utils.checkpoint`` region, so only its inputs are kept for the backward pass and
     peak memory is O(chunk_rows x vocab), not O(N x vocab).
     """
-    if student_hidden.dim() != 2 or teacher_hidden.dim() != 2 or student_hidden.shape[0] != teacher_hidden.shape[0]:
+    kept = isinstance(teacher_hidden, TeacherTargets)
+    t_rows = teacher_hidden.probs if kept else teacher_hidden
+    if student_hidden.dim() != 2 or t_rows.dim() != 2 or student_hidden.shape[0] != t_rows.shape[0]:
         raise TcalError(
             f"hidden states must be (N, D) with the same N, got {tuple(student_hidden.shape)} and "
-            f"{tuple(teacher_hidden.shape)}"
+            f"{tuple(t_rows.shape)}"
         )
     if chunk_rows < 1:
         raise TcalError(f"chunk_rows must be positive, got {chunk_rows}")
     n = student_hidden.shape[0]
     ws, bs = _weight_bias(student_head)
-    wt, bt = _weight_bias(teacher_head)
-    if ws.shape[0] != wt.shape[0]:
-        raise TcalError(f"student and teacher vocabularies differ ({ws.shape[0]} vs {wt.shape[0]}); "
+    wt, bt = (None, None) if kept else _weight_bias(teacher_head)
+    vocab_t = t_rows.shape[1] if kept else wt.shape[0]
+    if ws.shape[0] != vocab_t:
+        raise TcalError(f"student and teacher vocabularies differ ({ws.shape[0]} vs {vocab_t}); "
                         "distil from the teacher the hybrid was converted from")
     use_labels = labels if ce_weight > 0 else None
     if ce_weight > 0 and labels is None:
@@ -93,7 +143,9 @@ def chunked_distill_loss(
     ce_sum = torch.zeros((), dtype=torch.float64, device=student_hidden.device)
     for i in range(0, n, chunk_rows):
         rows = slice(i, i + chunk_rows)
-        args = (student_hidden[rows], ws, bs, teacher_hidden[rows], wt, bt,
+        teacher = (None, teacher_hidden.probs[rows], teacher_hidden.neg_entropy[rows]) if kept else \
+            (teacher_hidden[rows], None, None)
+        args = (student_hidden[rows], ws, bs, teacher[0], wt, bt, *teacher[1:],
                 None if use_labels is None else use_labels[rows], kl_scale, ce_scale)
         if ckpt:
             part, kl_c, ce_c = _checkpoint(_chunk_terms, *args, use_reentrant=False)

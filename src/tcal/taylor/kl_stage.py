@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tcal.data.recall import recall_rows
-from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
+from tcal.modules.distill_loss import TeacherTargets, chunked_distill_loss, final_hidden, lm_parts, teacher_targets
 from tcal.taylor.config import KLConfig
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import begin, nonfinite
@@ -41,15 +41,30 @@ def teacher_hidden(base_t, ids: torch.Tensor, batch_size: int, device) -> torch.
                       for s in range(0, ids.shape[0], batch_size)])
 
 
-def _hidden_bytes(teacher, ids: torch.Tensor) -> int:
-    p = next(teacher.parameters())
-    return ids.numel() * teacher.config.hidden_size * p.element_size()
+def _teacher_cache(base_t, head_t, ids: torch.Tensor, batch_size: int, device, room: int):
+    """What of the teacher's side of the fixed sequences ``ids`` (N, T) fits in ``room`` bytes, computed once:
+    its :class:`TeacherTargets` (N, T, V) (no teacher pass per step), else its final hidden states (N, T, D) (no
+    teacher decoder pass; its LM head still runs), else None. Returns (cache, bytes used)."""
+    p = next(base_t.parameters())
+    rows, vocab = ids.numel(), head_t.weight.shape[0]
+    hidden_bytes = rows * head_t.weight.shape[1] * p.element_size()
+    target_bytes = TeacherTargets.nbytes(rows, vocab)
+    if target_bytes + hidden_bytes <= room:  # the hidden states exist while the targets are made
+        return teacher_targets(teacher_hidden(base_t, ids, batch_size, device), head_t), target_bytes
+    if hidden_bytes <= room:
+        return teacher_hidden(base_t, ids, batch_size, device), hidden_bytes
+    return None, 0
+
+
+def _cache_kind(cache) -> str | None:
+    return "targets" if isinstance(cache, TeacherTargets) else "hidden" if cache is not None else None
 
 
 @torch.no_grad()
-def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int, hidden: torch.Tensor | None = None) -> float:
-    """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T); ``hidden``: the teacher's
-    ``teacher_hidden`` of the same ids, if kept."""
+def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int,
+            hidden: torch.Tensor | TeacherTargets | None = None) -> float:
+    """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T); ``hidden``: the teacher's side of the
+    same ids, if kept (``teacher_hidden`` or :class:`TeacherTargets`)."""
     base_s, head_s = lm_parts(hybrid)
     base_t, head_t = lm_parts(teacher)
     dev = head_s.weight.device
@@ -58,8 +73,8 @@ def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int, hidden: torch.T
         mb = ids[s : s + batch_size].to(dev)
         hs = final_hidden(base_s, mb)
         ht = hidden[s : s + batch_size] if hidden is not None else final_hidden(base_t, mb)
-        _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
-                                        use_checkpoint=False)
+        ht = ht.rows() if isinstance(ht, TeacherTargets) else ht.reshape(-1, ht.shape[-1])
+        _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht, head_t, use_checkpoint=False)
         total, n = total + kl * mb.numel(), n + mb.numel()
     return total / n
 
@@ -93,15 +108,13 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     was_training, teacher_training = hybrid.training, teacher.training
     teacher.eval()
     hybrid.eval()  # no dropout: the stage fits the model as it will run
-    # The teacher is frozen, so its hidden states of the fixed sequences never change: computed once they
-    # save a teacher forward per step and one per held-out sequence per evaluation.
+    # The teacher is frozen, so its side of the fixed sequences never changes: computed once it saves a
+    # teacher pass per step and one per held-out sequence per evaluation.
     held_t = train_t = None
     if cfg.cache_teacher:
-        room, need = memory_budget(dev), _hidden_bytes(teacher, heldout_ids)
-        if need <= room:
-            held_t, room = teacher_hidden(base_t, heldout_ids, eval_bs, dev), room - need
-        if _hidden_bytes(teacher, train_ids) <= room:
-            train_t = teacher_hidden(base_t, train_ids, cfg.batch_size, dev)
+        room = memory_budget(dev)
+        held_t, used = _teacher_cache(base_t, head_t, heldout_ids, eval_bs, dev, room)
+        train_t, _ = _teacher_cache(base_t, head_t, train_ids, cfg.batch_size, dev, room - used)
     before = mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t)
     fit, best_state = begin(before), snapshot(params)
     curve, held_curve = [], [(0, before)]
@@ -122,12 +135,13 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 else:
                     with torch.no_grad():
                         ht = final_hidden(base_t, mb)
+                ht = ht.rows() if isinstance(ht, TeacherTargets) else ht.reshape(-1, ht.shape[-1])
                 hs = final_hidden(base_s, mb)
                 # recomputing the logits in the backward only pays when they would not fit: below
                 # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
                 big = mb.numel() * head_s.weight.shape[0] > 2**28
-                loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s,
-                                                   ht.reshape(-1, ht.shape[-1]), head_t, use_checkpoint=big)
+                loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht, head_t,
+                                                   use_checkpoint=big)
                 if not math.isfinite(kl):  # checked before the update, which is then never applied
                     fit = nonfinite(rules, fit, step)
                     if fit.stopped:
@@ -159,6 +173,6 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     return {"steps_run": len(curve), "best_step": fit.best_step, "train_kl": curve, "heldout_curve": held_curve,
             "heldout_kl_before": before, "heldout_kl": fit.best,
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
-            "teacher_cached": {"heldout": held_t is not None, "train": train_t is not None},
+            "teacher_cached": {"heldout": _cache_kind(held_t), "train": _cache_kind(train_t)},
             "recall": {"frac": cfg.recall_frac, "span": cfg.recall_span},
             "wall_s": time.perf_counter() - t0}
