@@ -143,9 +143,9 @@ def chunked_distill_loss(
     ce_sum = torch.zeros((), dtype=torch.float64, device=student_hidden.device)
     for i in range(0, n, chunk_rows):
         rows = slice(i, i + chunk_rows)
-        teacher = (None, teacher_hidden.probs[rows], teacher_hidden.neg_entropy[rows]) if kept else \
-            (teacher_hidden[rows], None, None)
-        args = (student_hidden[rows], ws, bs, teacher[0], wt, bt, *teacher[1:],
+        ht, p_t, neg_entropy = ((None, teacher_hidden.probs[rows], teacher_hidden.neg_entropy[rows]) if kept
+                                else (teacher_hidden[rows], None, None))
+        args = (student_hidden[rows], ws, bs, ht, wt, bt, p_t, neg_entropy,
                 None if use_labels is None else use_labels[rows], kl_scale, ce_scale)
         if ckpt:
             part, kl_c, ce_c = _checkpoint(_chunk_terms, *args, use_reentrant=False)
