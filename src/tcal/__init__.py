@@ -24,6 +24,7 @@ _LAZY = {
     "perplexity": "tcal.evaluate",
     "perplexity_report": "tcal.evaluate",
     "niah": "tcal.evaluate.niah",
+    "humaneval": "tcal.evaluate.humaneval",
     "HybridConfig": "tcal.models.configuration_hybrid",
     "HybridForCausalLM": "tcal.models.modeling_hybrid",
 }

@@ -61,7 +61,7 @@ def test_the_answer_gets_rulers_room_and_a_smaller_room_a_longer_haystack(tok):
 def test_a_row_stops_once_it_holds_its_answers_and_no_other_row_changes(tok):
     """The early stop must not change a score: a stopped row is a prefix of its full greedy output that already
     holds every answer, and the rows that do not stop come out exactly as without it."""
-    from tcal.evaluate.niah import generate_greedy
+    from tcal.evaluate.generate import generate_greedy
 
     torch.manual_seed(0)
     model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)
@@ -69,7 +69,8 @@ def test_a_row_stops_once_it_holds_its_answers_and_no_other_row_changes(tok):
     full = generate_greedy(model, tok, prompts, 40, batch_size=2)
     words = full[0].split()
     target = next(w for w in words[5:] if w not in words[:5])  # first appears a few tokens in
-    stopped = generate_greedy(model, tok, prompts, 40, batch_size=2, answers=[[target], ["not-in-the-vocabulary"]])
+    answers = [[target], ["not-in-the-vocabulary"]]
+    stopped = generate_greedy(model, tok, prompts, 40, batch_size=2, done=lambda i, t: score(t, answers[i]) == 1.0)
     assert score(stopped[0], [target]) == 1.0 and full[0].startswith(stopped[0]) and len(stopped[0]) < len(full[0])
     assert stopped[0].split()[-1] == target  # stopped at the token that completed the answer
     assert stopped[1] == full[1]

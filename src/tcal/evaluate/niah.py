@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import StoppingCriteria, StoppingCriteriaList
 
 from tcal.data.corpora import as_corpus
+from tcal.evaluate.generate import generate_greedy
 from tcal.utils.errors import TcalError
-from tcal.utils.runtime import model_device
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PROMPT = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
@@ -232,56 +231,6 @@ def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: 
     return out
 
 
-class AnswersFound(StoppingCriteria):
-    """Stops a row of a batch once its output holds every answer it is scored on: ``score`` is a substring
-    test, so no later token can change the row's score, and most rows of a model that retrieves stop after
-    the value instead of running out RULER's 128 tokens."""
-
-    def __init__(self, tokenizer, start: int, answers: Sequence[Sequence[str]]):
-        self.tokenizer, self.start, self.answers = tokenizer, start, answers
-
-    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.start:], skip_special_tokens=True)
-        return torch.tensor([score(t, a) == 1.0 for t, a in zip(texts, self.answers)], device=input_ids.device)
-
-
-def left_padded(tokenizer, prompts: Sequence[str], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask), both (B, T): ``prompts`` tokenised and padded on the left to the longest."""
-    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(len(e) for e in enc)
-    ids = torch.full((len(enc), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(enc), width), dtype=torch.long)
-    for r, e in enumerate(enc):
-        ids[r, width - len(e):] = torch.tensor(e)
-        mask[r, width - len(e):] = 1
-    return ids, mask
-
-
-@torch.no_grad()
-def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, *, batch_size: int = 4,
-                    progress: bool = False, desc: str = "generate",
-                    answers: Sequence[Sequence[str]] | None = None) -> list[str]:
-    """Greedy continuations of ``prompts``, batched with left padding and a cache; with ``answers`` (one list
-    per prompt) a row stops once its continuation holds all of them (``AnswersFound``)."""
-    device = model_device(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    outs = []
-    was_training = model.training
-    model.eval()
-    try:
-        for s in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch", leave=False):
-            ids, mask = left_padded(tokenizer, prompts[s:s + batch_size], pad)
-            width = ids.shape[1]
-            stop = None if answers is None else StoppingCriteriaList(
-                [AnswersFound(tokenizer, width, answers[s:s + batch_size])])
-            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad, stopping_criteria=stop)
-            outs += tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
-    finally:
-        model.train(was_training)
-    return outs
-
-
 def check_lengths(model, lengths: Sequence[int]) -> list[int]:
     lengths = [int(n) for n in lengths]
     if not lengths:
@@ -303,8 +252,12 @@ def haystack_documents(task: str, haystack) -> Sequence[str]:
 def answer(model, tokenizer, items: Sequence[Sample], *, batch_size: int = 4, progress: bool = False,
            desc: str = "generate") -> list[str]:
     """The greedy outputs for ``items``, each with its sample's room, stopped once it holds its answers."""
+    # a row stops once its output holds every answer it is scored on: ``score`` is a substring test, so no later
+    # token can change the row's score, and most rows of a model that retrieves stop after the value instead of
+    # running out RULER's 128 tokens
     return generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
-                           batch_size=batch_size, progress=progress, desc=desc, answers=[s.answers for s in items])
+                           batch_size=batch_size, progress=progress, desc=desc,
+                           done=lambda i, text: score(text, items[i].answers) == 1.0)
 
 
 def niah_details(model, tokenizer, *, task: str = "single", length: int, samples: int, seed: int = 0,

