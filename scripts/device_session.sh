@@ -38,6 +38,12 @@
 #                  pieces staged (device_stage.sh GEMMA=1)
 #   gemma-distill  tcal distill of a gemma job's hybrid (GEMMA_DISTILL_FROM, default mix-long) on the Gemma token pool
 #                  (GEMMA_DISTILL_TOKENS, 4K windows, the recall mix), resumed across calls (CALL_S), then its passkey at 512-8K
+#   qwen           Qwen2.5-Coder-0.5B-Instruct: the teacher's HumanEval pass@1 and passkey, the zero-shot ablation at
+#                  the CPU default protocol with every init's pass@1 (QWEN_ABLATE_KEEPS), the taylor hybrid at QWEN_BUDGET
+#                  (default large) with code and prose PPL, pass@1, passkey at 512-8K; needs the Qwen pieces staged
+#                  (device_stage.sh QWEN=1)
+#   qwen-distill   tcal distill of the qwen step's hybrid on the Qwen code-and-prose pool (QWEN_DISTILL_TOKENS), pass@1 at
+#                  every curve point, resumed across calls (CALL_S), then its passkey at 512-8K
 #   gemma-bench    tcal bench FastDecoder rows at 8K-32K for the gemma3-270m and gemma3-1b shapes (GEMMA_BENCH_KEEPS)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
@@ -60,10 +66,29 @@ need_teacher() {
 
 unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
 untar_to() { mkdir -p "$2" && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
+# join_pieces NAME SHA: a GGUF carried in raw pieces (.dev/carry/*/NAME.K-of-N), joined, checked and linked into the
+# tcal cache once every piece is here; the pieces of earlier calls wait in $S
+join_pieces() {
+  for f in .dev/carry/*/$1.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
+  if [ ! -f $S/$1 ] && ls $S/$1.*-of-* >/dev/null 2>&1; then
+    n=$(ls $S/$1.*-of-* | head -1 | sed 's/.*-of-//'); have=$(ls $S/$1.*-of-* | wc -l)
+    if [ "$have" = "$n" ]; then
+      for k in $(seq 1 "$n"); do cat $S/$1.$k-of-$n; done > $S/$1
+      echo "$2  $S/$1" | sha256sum -c && rm -f $S/$1.*-of-* && mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$1 ~/.cache/tcal/gguf/$1
+    else
+      echo "$1: $have of $n pieces here; stage again with the others"
+    fi
+  fi
+}
 # passkey MODEL OUTDIR LENGTHS SAMPLES: tcal eval's single-needle retrieval (seed 0) of a hybrid or teacher
 passkey() {
   python3 -m tcal.cli eval "$1" --task single --lengths "$3" --samples "$4" --seed 0 --device cuda --no-progress \
     --out "$2" 2>&1 | grep -v "it/s" | tail -3
+}
+# humaneval MODEL OUTDIR: HumanEval pass@1 of a hybrid or teacher, every problem in one batch
+humaneval() {
+  python3 -m tcal.cli eval "$1" --task humaneval --allow-code-execution --batch-size 164 --device cuda --no-progress \
+    --out "$2" 2>&1 | grep -v "it/s" | grep -E "pass@1|error" | head -3
 }
 # pack_runs DIR NAME: DIR's reports, curves and retrieval results (no weights, no unfinished runs) as $OUT/NAME.tgz
 pack_runs() { (cd "$1" && tar czf "$OUT/$2.tgz" --exclude='*.safetensors' --exclude='*.partial' .); }
@@ -83,6 +108,10 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)" "$1" "${2:-}"
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in recover|sweep|recover50|quality|distill-long|layout) need_teacher "$step" ;; esac
+  if { [ "$step" = qwen ] || [ "$step" = qwen-distill ]; } && [ ! -e ~/.cache/tcal/gguf/$QWEN_NAME ]; then
+    echo "qwen: the Qwen2.5-Coder GGUF is not staged on this machine: run 'stage' with each .dev/carry/qK transferred" >&2
+    exit 3
+  fi
   if { [ "$step" = gemma ] || [ "$step" = gemma-distill ]; } && [ ! -e ~/.cache/tcal/gguf/$GEMMA_NAME ]; then
     echo "gemma: the Gemma 3 GGUF is not staged on this machine: run 'stage' with each .dev/carry/gK transferred" >&2
     exit 3
@@ -124,18 +153,16 @@ for step in "$@"; do
       for f in .dev/carry/*/gpool.tar.xz; do
         [ -f "$f" ] && [ ! -f $S/gpool/manifest.json ] && untar_to "$f" $S/gpool
       done
-      # the Gemma 3 GGUF's pieces (.dev/carry/gK/NAME.K-of-N, one per transfer): joined and checked once all are here
-      for f in .dev/carry/g*/$GEMMA_NAME.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
-      if [ ! -f $S/$GEMMA_NAME ] && ls $S/$GEMMA_NAME.*-of-* >/dev/null 2>&1; then
-        n=$(ls $S/$GEMMA_NAME.*-of-* | head -1 | sed 's/.*-of-//'); have=$(ls $S/$GEMMA_NAME.*-of-* | wc -l)
-        if [ "$have" = "$n" ]; then
-          for k in $(seq 1 "$n"); do cat $S/$GEMMA_NAME.$k-of-$n; done > $S/$GEMMA_NAME
-          echo "$GEMMA_SHA  $S/$GEMMA_NAME" | sha256sum -c && rm -f $S/$GEMMA_NAME.*-of-* \
-            && mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$GEMMA_NAME ~/.cache/tcal/gguf/$GEMMA_NAME
-        else
-          echo "gemma: $have of $n pieces here; stage again with the others"
-        fi
-      fi
+      # the Gemma 3 and Qwen2.5-Coder GGUFs' pieces (.dev/carry/gK, .dev/carry/qK: NAME.K-of-N, one per transfer)
+      join_pieces $GEMMA_NAME $GEMMA_SHA
+      join_pieces $QWEN_NAME $QWEN_SHA
+      # the Qwen tokenizer as the staging machine converted it, and a code-and-prose pool in its tokens
+      for f in .dev/carry/*/qwen-tokenizer.tar.xz; do
+        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal/gguf/$QWEN_NAME.tokenizer
+      done
+      for f in .dev/carry/*/qpool.tar.xz; do
+        [ -f "$f" ] && [ ! -f $S/qpool/manifest.json ] && untar_to "$f" $S/qpool
+      done
       ls -la $S $S/pool | head -20
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
       python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 ;;
@@ -355,6 +382,53 @@ for step in "$@"; do
             --out "$OUT/bench-$shape-${kk%%=*}" 2>&1 | grep -v "it/s" | tail -12
         done
       done ;;
+    qwen)
+      # Qwen2.5-Coder-0.5B-Instruct on the GPU, each part skipped once this machine has it: the teacher's HumanEval
+      # pass@1 and passkey; the zero-shot ablation at the CPU default protocol (reference budget, 60 Phase 2 and 10 KL
+      # steps, 8 windows per domain) with every init's pass@1, for each of QWEN_ABLATE_KEEPS; then the taylor hybrid at
+      # --calib-budget QWEN_BUDGET (default large, keep QWEN_KEEP) with PPL on code and prose, pass@1 and passkey
+      T=/tmp/tcal-runs/qwen Q=qwen2.5-coder-0.5b
+      mkdir -p $T
+      [ -f $T/teacher-he/humaneval.json ] || humaneval $Q $T/teacher-he
+      for k in ${QWEN_ABLATE_KEEPS:-uniform:50%}; do
+        D=$T/ablate-$(echo "$k" | tr -c 'a-z0-9\n' -)
+        [ -f $D/ablation.json ] && continue
+        [ "$(left)" -lt "${QWEN_ABLATE_S:-300}" ] && { echo "qwen: $(left) s left of CALL_S, ablation $k not started"; break; }
+        python3 -m tcal.cli ablate --teacher $Q --keep "$k" --calib-budget reference --align-steps 60 --kl-steps 10 \
+          --eval-windows 8 --humaneval --allow-code-execution --device cuda --no-progress --out $D 2>&1 \
+          | grep -v "it/s" | tail -14
+      done
+      B=${QWEN_BUDGET:-large} L=$T/${QWEN_BUDGET:-large}
+      if [ ! -f $L/report.json ]; then
+        [ "$(left)" -lt "${QWEN_CONVERT_S:-360}" ] && { echo "qwen: $(left) s left of CALL_S, $B not started"; pack_runs $T qwen; continue; }
+        python3 -m tcal.cli convert --teacher $Q --keep "${QWEN_KEEP:-uniform:50%}" --calib-budget $B \
+          --eval code:eval,wiki:eval --eval-windows 16 --device cuda --no-progress --out $L 2>&1 | grep -v "it/s" | tail -5
+      fi
+      [ -f $L/report.json ] && [ ! -f $L-he/humaneval.json ] && humaneval $L $L-he
+      [ -f $L/report.json ] && [ ! -f $L-niah/niah.json ] && passkey $L $L-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
+      [ -f $T/teacher-niah/niah.json ] || passkey $Q $T/teacher-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
+      pack_runs $T qwen ;;
+    qwen-distill)
+      # distil the qwen step's hybrid (QWEN_DISTILL_FROM, default large) on the code-and-prose pool, HumanEval pass@1
+      # and code PPL at every curve point; resumes where a call's time ran out (CALL_S), until "wrote"; then the
+      # distilled hybrid's passkey at 512-8K
+      H=/tmp/tcal-runs/qwen/${QWEN_DISTILL_FROM:-large}
+      D=$H-distilled
+      [ -f $H/report.json ] || { echo "qwen-distill: no hybrid at $H: run the qwen step first" >&2; exit 3; }
+      [ -f $S/qpool/manifest.json ] || { echo "qwen-distill: the Qwen token pool is not staged: run 'stage' with .dev/carry/qp transferred" >&2; exit 3; }
+      if [ ! -f $D/report.json ] || [ -d $D.partial ]; then
+        RESUME=; [ -d $D.partial ] && RESUME=--resume
+        MIN=$(minutes_left "${QWEN_DISTILL_KEEP_S:-120}") \
+          || { echo "qwen-distill: $(left) s left of CALL_S, too few to start"; continue; }
+        python3 -m tcal.cli distill "$H" --teacher qwen2.5-coder-0.5b --data $S/qpool \
+          --tokens "${QWEN_DISTILL_TOKENS:-16000000}" --seq-len 2048 --batch-size 16 --kl-chunk 4096 --eval code:eval \
+          --eval-windows 16 --eval-every "${QWEN_DISTILL_EVAL_EVERY:-4000000}" --eval-early 1 --eval-humaneval 164 \
+          --allow-code-execution --max-minutes "$MIN" --no-progress --out $D $RESUME 2>&1 | grep -v "it/s" | tail -14
+      fi
+      if [ -f $D/report.json ] && [ ! -d $D.partial ] && [ ! -f $D-niah/niah.json ]; then
+        passkey $D $D-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
+      fi
+      pack_runs /tmp/tcal-runs/qwen qwen ;;
     smoke)
       python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;

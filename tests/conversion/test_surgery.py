@@ -127,3 +127,37 @@ def test_converting_a_hybrid_is_refused():
     hybrid = tcal.convert(tiny_teacher("llama"), keep=[0])
     with pytest.raises(TcalError, match="already a tcal hybrid"):
         tcal.convert(hybrid, keep=[0])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_hybrid_sharing_the_teachers_tensors_is_the_same_hybrid_and_leaves_the_teacher_alone(tied):
+    """share_weights: every kept tensor is the teacher's storage (no copy), the GDN layers are the hybrid's own;
+    the same weights and logits as a copying build; a calibrated conversion (Phase 2 and the KL stage train the
+    GDN layers) leaves the teacher bit-identical; unshare() gives the hybrid copies that train on their own."""
+    from tcal.conversion.surgery import build_hybrid, unshare
+    from tcal.taylor.config import AlignConfig, KLConfig
+
+    teacher = tiny_teacher("qwen2", tie_word_embeddings=tied)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    copied = build_hybrid(teacher, KEEP, seed=3)
+    shared = build_hybrid(teacher, KEEP, seed=3, share_weights=True)
+    teacher_ptrs = {v.data_ptr() for v in teacher.state_dict().values()}
+    for name, t in shared.state_dict().items():
+        assert torch.equal(t, copied.state_dict()[name]), name
+        assert (t.data_ptr() in teacher_ptrs) == (".self_attn." not in name or
+                                                  int(name.split(".")[2]) in KEEP), name
+    assert (shared.lm_head.weight is shared.model.embed_tokens.weight) == tied
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(shared(ids).logits, copied(ids).logits)
+    calib = torch.randint(0, 97, (4, 32), generator=torch.Generator().manual_seed(1))
+    tcal.convert(teacher, keep=KEEP, init="taylor", calib_ids=calib, share_weights=True,
+                 align=AlignConfig(steps=3), kl=KLConfig(steps=3, batch_size=2))
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    unshare(shared, teacher)
+    assert not {v.data_ptr() for v in shared.state_dict().values()} & teacher_ptrs
+    assert (shared.lm_head.weight is shared.model.embed_tokens.weight) == tied
+    with torch.no_grad():
+        for p in shared.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())

@@ -79,6 +79,7 @@ def convert_with_record(
     progress: bool = False,
     selection: SelectionConfig | None = None,
     target: str = DEFAULT_TARGET,
+    share_weights: bool = False,
     **options,
 ) -> Conversion:
     """:func:`convert`, also returning what was done (the record written into reports)."""
@@ -108,7 +109,7 @@ def convert_with_record(
         warnings.warn(note, TcalWarning, stacklevel=2)
 
     t0 = time.perf_counter()
-    hybrid = build_hybrid(teacher, keep, seed=seed, target=target, **gdn_options)
+    hybrid = build_hybrid(teacher, keep, seed=seed, target=target, share_weights=share_weights, **gdn_options)
     record["timings"]["build_s"] = time.perf_counter() - t0
     if spec.calibrated:
         n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else as_calibration_ids(calib_ids)).shape
@@ -131,6 +132,9 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
       (:mod:`tcal.conversion.policy`); ar/ga score layers on a validation slice of the
       calibration corpus (:mod:`tcal.conversion.select`).
     - ``init``: one of ``tcal.INITS`` (copy, zero-gate, phase1, phase2, taylor, ...).
+    - ``share_weights``: the hybrid uses the teacher's own tensors wherever it keeps them, so converting costs the
+      memory of the GDN layers only; the teacher changes with anything that changes them in place (train the
+      hybrid whole only after ``tcal.conversion.surgery.unshare``, or after saving and reloading it).
     - ``target``: ``"auto"`` (default: ``"qwen3_5"`` where the layout holds the teacher, else ``"native"``),
       ``"qwen3_5"`` or ``"native"``, the layout the hybrid must fit (:mod:`tcal.conversion.target`); a ``qwen3_5``
       hybrid exports with ``tcal export`` to the engines that run Qwen3.5.

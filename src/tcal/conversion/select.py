@@ -123,7 +123,7 @@ def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, pr
     L = teacher.config.num_hidden_layers
     modules = {}
     for keep in ([0], list(range(1, L))):
-        hybrid = build_hybrid(teacher, keep, seed=seed)
+        hybrid = build_hybrid(teacher, keep, seed=seed, share_weights=True)  # only its GDN modules are kept
         initialise(hybrid, teacher, spec, calib_ids, progress=progress, **init_options)
         modules.update({i: m for i, m in hybrid.gdn_modules().items() if i not in modules})
     return modules

@@ -32,6 +32,29 @@ def check_teacher(teacher: PreTrainedModel) -> None:
         )
 
 
+# a GGUF's general.architecture -> the transformers model types a GGUF of it loads as (Mistral GGUFs say llama)
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+
+def check_teacher_spec(spec: str) -> None:
+    """Refuse, before it loads (a 1B model takes a minute to dequantise), a teacher whose family tcal does not
+    convert: read from a local directory's config.json or a GGUF's header. A hub id or an unreadable file passes
+    here and is checked once loaded."""
+    from tcal.data.teachers import teacher_family
+
+    family = teacher_family(spec)
+    if family is None or family in SUPPORTED_FAMILIES or family in ("gemma3", HybridConfig.model_type):
+        return  # gemma3: a vision-language checkpoint whose text decoder converts; a hybrid: refused once loaded
+    if family.startswith("gguf:"):
+        arch = family[len("gguf:"):]
+        if GGUF_ARCHITECTURES.get(arch) in SUPPORTED_FAMILIES:
+            return
+        raise TcalError(f"{spec} is a GGUF of architecture {arch!r}, which tcal does not convert; tcal converts "
+                        f"{', '.join(GGUF_ARCHITECTURES)} GGUFs ({', '.join(SUPPORTED_FAMILIES)} models)")
+    raise TcalError(f"unsupported architecture {family!r} in {spec}; tcal converts {', '.join(SUPPORTED_FAMILIES)} "
+                    "decoder-only models")
+
+
 def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
     """Validate an explicit list of layers kept as softmax attention."""
     if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):
@@ -113,9 +136,14 @@ def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: i
 
 
 def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, target: str = DEFAULT_TARGET,
-                 **gdn_options) -> HybridForCausalLM:
+                 share_weights: bool = False, **gdn_options) -> HybridForCausalLM:
     """The hybrid with every teacher weight in place and GDN layers in fla-default init + copied projections;
-    ``target`` (:mod:`tcal.conversion.target`) says which layout it must fit."""
+    ``target`` (:mod:`tcal.conversion.target`) says which layout it must fit.
+
+    ``share_weights``: the hybrid's unchanged tensors (embeddings, MLPs, norms, kept attention, LM head) are the
+    teacher's own, not copies, so converting costs the memory of the GDN layers only. Safe while only the GDN
+    layers train (every init does); anything that changes a shared tensor in place changes the teacher too, so
+    save the hybrid, or :func:`unshare` it, before training it whole."""
     cfg = hybrid_config_for(teacher, keep, target, **gdn_options)
     param = next(teacher.parameters())
     # every weight is the teacher's or set below, so the random inits of construction (torch's and transformers',
@@ -126,7 +154,11 @@ def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, t
     hybrid.tie_weights()
     gdn_prefixes = tuple(f"model.layers.{i}.self_attn." for i in cfg.gdn_layers)
     state = {k: v for k, v in teacher.state_dict().items() if not k.startswith(gdn_prefixes)}
-    missing, unexpected = hybrid.load_state_dict(state, strict=False)
+    # assign: the teacher's tensors themselves; the hybrid's own were allocated uninitialised and, never written,
+    # never became resident memory
+    missing, unexpected = hybrid.load_state_dict(state, strict=False, assign=share_weights)
+    if share_weights:
+        hybrid.tie_weights()  # tied parameters are one object again, as save_pretrained expects
     stray = [k for k in missing if not k.startswith(gdn_prefixes) and k != "lm_head.weight"]
     stray += list(unexpected)
     if stray:
@@ -142,3 +174,19 @@ def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, t
     return hybrid
 
 
+
+
+def unshare(hybrid: HybridForCausalLM, teacher: PreTrainedModel) -> HybridForCausalLM:
+    """Give the hybrid its own copy of every tensor it shares with ``teacher`` (``build_hybrid(share_weights=True)``),
+    so that training it whole leaves the teacher as it was."""
+    ptrs = {t.data_ptr() for t in teacher.state_dict().values()}
+    with torch.no_grad():
+        for module in hybrid.modules():
+            for p in list(module.parameters(recurse=False)):
+                if p.data_ptr() in ptrs:
+                    p.data = p.data.clone()
+            for name, b in list(module.named_buffers(recurse=False)):
+                if b.data_ptr() in ptrs:
+                    module._buffers[name] = b.clone()
+    hybrid.tie_weights()
+    return hybrid

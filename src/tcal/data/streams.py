@@ -8,13 +8,16 @@ import numpy as np
 import torch
 
 from tcal.data import pool
-from tcal.data.corpora import as_corpus
+from tcal.data.corpora import as_corpus, path_exists
 from tcal.data.tokens import corpus_tokens, mixed_windows, tokenizer_id
 from tcal.utils.errors import TcalError
 
 
 def _is_pool(path: Path) -> bool:
-    return path.is_dir() and (path / "manifest.json").is_file()
+    try:
+        return path.is_dir() and (path / "manifest.json").is_file()
+    except OSError:  # raw text given as data: too long or odd for a path
+        return False
 
 
 def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarray, dict]:
@@ -46,7 +49,7 @@ def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarr
                 )
         return arr, {"kind": "pool", "name": str(path), "tokens": int(arr.size),
                      "sources": [s.get("name") for s in manifest.get("sources", []) if s.get("tokens")]}
-    if path.is_file() and path.suffix == ".npy":
+    if path.suffix == ".npy" and path_exists(data) and path.is_file():
         arr = np.load(path, mmap_mode="r").reshape(-1)
         return arr, {"kind": "npy", "name": str(path), "tokens": int(arr.size)}
     if tokenizer is None:

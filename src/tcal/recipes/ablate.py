@@ -1,8 +1,8 @@
 """`tcal ablate`: every initialisation strategy on identical layers and data, one table.
 
-Calibration tokens come from the calibration split (default ``wiki:calib+shakespeare:calib``); perplexity from the
-evaluation split (default ``wiki:eval``); the two are disjoint and the report says which is
-which. The teacher's activations and statistics are taken once
+Calibration tokens come from the calibration split (the teacher's default, e.g. ``wiki:calib+shakespeare:calib``);
+perplexity from the evaluation splits (the teacher's default domains); the two are disjoint and the report says
+which is which. ``--humaneval`` also scores each init's HumanEval pass@1 (generated code run under its tests). The teacher's activations and statistics are taken once
 (:func:`tcal.taylor.pipeline.prepare`) and shared by every calibrated init.
 """
 from __future__ import annotations
@@ -42,12 +42,19 @@ class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
                                         "run of about 15 minutes on 2 CPU cores; the budget's 300 on a GPU)")
     kl_steps: int | None = arg(None, "KL-stage steps (taylor; default: 10 on CPU, for the same reason; the "
                                      "budget's 100 on a GPU)")
-    eval: str = arg("wiki:eval,shakespeare:eval,sotu:eval", "held-out evaluation domains, comma-separated (each "
-                                                            "is reported on its own; none may overlap --calib)")
+    eval: str = arg("auto", "held-out evaluation domains, comma-separated (each is reported on its own; none may "
+                            "overlap --calib); auto: the teacher's, wiki:eval,shakespeare:eval,sotu:eval, and "
+                            "code:eval,wiki:eval for the code teachers")
     eval_windows: int | None = arg(None, "evaluation windows per domain (the first N, non-overlapping; 64 is the full "
                                          "protocol; default 8, and 3 on CPU for a vocabulary over 128K tokens, such "
                                          "as Gemma 3's, whose LM head makes each window dearer: both sized for a "
                                          "default run of about 15 minutes on 2 CPU cores, docs/results.md)")
+    humaneval: bool = arg(False, "also score HumanEval pass@1 of the teacher and of each init (greedy answers run "
+                                 "under their tests: needs --allow-code-execution; 164 problems per model, slow "
+                                 "on a CPU)")
+    humaneval_limit: int | None = arg(None, "HumanEval: the first N problems only (default: all 164)")
+    allow_code_execution: bool = arg(False, "let --humaneval run the models' code on this machine (tcal eval --help "
+                                            "says what is and is not guarded)")
     out: str = arg("runs/ablate", "output directory (written atomically)")
     seed: int = arg(0, "seed of the random parts of every init")
     progress: bool = arg(True, "progress bars")
@@ -57,10 +64,15 @@ def _check(cfg: AblateConfig):
     """Every argument, before the teacher loads: (output directory, init names)."""
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
+    from tcal.conversion.surgery import check_teacher_spec
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.teacher_table import default_eval
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
+    cfg.resolve_calib(cfg.teacher)
+    cfg.resolve_eval(default_eval(cfg.teacher), every=True)
+    check_teacher_spec(cfg.teacher)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     parse_policy(parse_keep(cfg.keep), num_layers=None)
@@ -69,6 +81,16 @@ def _check(cfg: AblateConfig):
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     for spec in mixture_parts(cfg.calib) + cfg.eval_list():
         as_corpus(spec)
+    if cfg.humaneval:
+        from tcal.evaluate.humaneval import load_problems
+        from tcal.utils.errors import TcalError
+
+        if not cfg.allow_code_execution:
+            raise TcalError("--humaneval runs the code each model writes on this machine: add "
+                            "--allow-code-execution to accept that (tcal eval --help says what is guarded)")
+        if cfg.humaneval_limit is not None and cfg.humaneval_limit < 1:
+            raise TcalError(f"--humaneval-limit must be at least 1, got {cfg.humaneval_limit}")
+        load_problems(limit=cfg.humaneval_limit)  # fetched and checked before the teacher loads
     return out, inits
 
 
@@ -112,7 +134,16 @@ def run(cfg: AblateConfig) -> dict:
         return {"ppl": by[domains[0]]["ppl"], "ppl_by_domain": {d: r["ppl"] for d, r in by.items()},
                 "seconds": sum(r["seconds"] for r in by.values())}
 
+    def code(model) -> dict | None:
+        if not cfg.humaneval:
+            return None
+        from tcal.evaluate.humaneval import humaneval, load_problems
+
+        return humaneval(model, tok, load_problems(limit=cfg.humaneval_limit), allow_code_execution=True,
+                         progress=cfg.progress)
+
     teacher_eval = ppl(teacher)
+    teacher_code = code(teacher)
     log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], n_eval, cfg.eval_window)
     calibration, stats_s = None, 0.0
     if any(get_init(i).calibrated for i in inits):
@@ -130,14 +161,15 @@ def run(cfg: AblateConfig) -> dict:
         if spec.kl:
             options["kl"] = kl
         t0 = time.perf_counter()
-        conv = convert_with_record(teacher, keep, init, seed=cfg.seed, **options)
+        conv = convert_with_record(teacher, keep, init, seed=cfg.seed, share_weights=True, **options)
         convert_s = time.perf_counter() - t0
         res = ppl(conv.hybrid)
+        he = code(conv.hybrid)
         detail = conv.record.get("detail", {})
         rows.append({
             "init": init, "ppl": res["ppl"], "ppl_by_domain": res["ppl_by_domain"], "convert_s": convert_s,
             "per_layer_s": convert_s / len(gdn_layers), "phase_seconds": _phase_seconds(detail),
-            "heldout_fit": _heldout_fit(detail),
+            "heldout_fit": _heldout_fit(detail), "humaneval": he,
         })
         log.info("  %s: PPL %.2f (convert %.1f s)", init, res["ppl"], convert_s)
         del conv
@@ -146,7 +178,8 @@ def run(cfg: AblateConfig) -> dict:
         r["copy_over_init"] = copy_ppl / r["ppl"] if copy_ppl else None
     result = {
         "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"],
-        "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "keep": keep, "gdn_layers": gdn_layers,
+        "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "teacher_humaneval": teacher_code,
+        "keep": keep, "gdn_layers": gdn_layers,
         "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
         "calibration": {"data": cfg.calib, "windows": budget.windows, "window": budget.window, "budget": budget.name,
                         "align": dataclasses.asdict(align), "kl": dataclasses.asdict(kl),
@@ -208,10 +241,18 @@ def ablation_markdown(res: dict) -> str:
         f"each ({ev['role']})",
         f"- teacher PPL {', '.join(f'{teacher[d]:.2f} ({d})' for d in domains)}; capture + statistics "
         f"{res['stats_s']:.1f} s ({res['stats_per_layer_s']:.2f} s/layer) on {res['device']}",
+    ]
+    he = res.get("teacher_humaneval")
+    if he:
+        he_s = he["seconds"] + sum(r["humaneval"]["seconds"] for r in res["rows"])
+        lines.append(f"- HumanEval pass@1 (greedy, `{he['prompt_style']}` prompts, {he['problems']} problems, the "
+                     f"models' code run under the problems' tests): teacher {he['pass@1']:.3f}; {he_s:.0f} s of the "
+                     f"run's {res['total_s']:.0f} s went to HumanEval")
+    lines += [
         "",
-        "| init | " + " | ".join(f"{d} PPL | x teacher" for d in domains) +
+        "| init | " + " | ".join(f"{d} PPL | x teacher" for d in domains) + (" | HumanEval pass@1" if he else "") +
         " | copy / init | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | KL stage s | convert s |",
-        "|---|" + "---:|---:|" * len(domains) + "---:|---:|---:|---:|---:|---:|",
+        "|---|" + "---:|---:|" * len(domains) + ("---:|" if he else "") + "---:|---:|---:|---:|---:|---:|",
     ]
     n = len(res["gdn_layers"])
     for r in res["rows"]:
@@ -219,6 +260,8 @@ def ablation_markdown(res: dict) -> str:
         by = r.get("ppl_by_domain") or {domains[0]: r["ppl"]}
         cos = f"{r['heldout_fit']:.3f}" if r["heldout_fit"] is not None else "-"
         cells = " | ".join(f"{fmt_ppl(by[d])} | {by[d] / teacher[d]:.2f}" for d in domains)
+        if he:
+            cells += f" | {r['humaneval']['pass@1']:.3f}"
         lines.append(
             f"| {r['init']} | {cells} | {r['copy_over_init']:.1f}x | {cos} | {_fmt_s(ps.get('phase1'), n)} | "
             f"{_fmt_s(ps.get('phase2'), n)} | {_fmt_s(ps.get('kl'), 1)} | {r['convert_s']:.1f} |"

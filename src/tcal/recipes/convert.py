@@ -45,14 +45,20 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep, parse_policy
+
+    # every argument is checked before the teacher loads
+    from tcal.conversion.surgery import check_teacher_spec
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate import perplexity_report
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
-    from tcal.utils.runtime import resolve_dtype
+    from tcal.utils.runtime import peak_memory, resolve_dtype
 
-    # every argument is checked before the teacher loads
+    cfg.resolve_calib(cfg.teacher)
+    cfg.resolve_eval(default_eval(cfg.teacher))
+    check_teacher_spec(cfg.teacher)
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
@@ -74,16 +80,19 @@ def _run(cfg: ConvertConfig, world) -> Path:
     t0 = time.perf_counter()
     teacher, tokenizer = load_teacher(cfg.teacher, dtype=dtype, device=device)
     timings = {"load_teacher_s": time.perf_counter() - t0}
+    # the process's peak memory so far, after each part: where the peak of a conversion comes from
+    peaks = {"after_load": peak_memory(torch.device(device))}
     t0 = time.perf_counter()
     conv = convert_with_record(
         teacher, keep, spec.name, seed=cfg.seed, calib=cfg.calib, tokenizer=tokenizer,
         calib_window=budget.window, calib_windows=budget.windows, progress=cfg.progress and world.is_main(),
-        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, target=cfg.target,
+        use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, target=cfg.target, share_weights=True,
         **({"align": budget.align} if spec.calibrated else {}),
         **({"kl": budget.kl} if spec.kl else {}),
     )
     hybrid, record = conv.hybrid, conv.record
     timings["convert_s"] = time.perf_counter() - t0
+    peaks["after_convert"] = peak_memory(torch.device(device))
     if not world.is_main():  # every rank holds the same hybrid; rank 0 evaluates and writes it
         return out
     report = {"teacher": cfg.teacher, "init": cfg.init, "target": hybrid.config.target, "layer_types": hybrid.config.layer_types,
@@ -100,6 +109,10 @@ def _run(cfg: ConvertConfig, world) -> Path:
                    for d, corpus in eval_corpora.items()}
             for name, model in (("teacher", teacher), ("hybrid", hybrid))
         }
+        peaks["after_eval"] = peak_memory(torch.device(device))
+    report["peak_memory"] = {"kind": peaks["after_load"]["kind"],
+                             **{k: round(v["bytes"] / 2**30, 3) if v["bytes"] else None for k, v in peaks.items()},
+                             "unit": "GiB"}
     stats = record["detail"].get("statistics")
     with atomic_dir(out) as tmp, torch.no_grad():
         hybrid.save_pretrained(tmp, atomic=False)
@@ -155,4 +168,8 @@ def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
                   for name, by in report["eval"].items()]
     lines += ["", "| stage | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
+    mem = report.get("peak_memory")
+    if mem:
+        lines += ["", f"Peak memory ({mem['kind']}, GiB, the most so far after each part): " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.2f}" for k, v in mem.items() if k.startswith("after_") and v is not None)]
     return "\n".join(lines) + "\n"

@@ -102,6 +102,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
 
     from tcal.data.corpora import check_disjoint
     from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_tokenizer_dir
     from tcal.data.tokens import window_prefix
     from tcal.train import distributed as D
@@ -115,6 +116,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     main = world.is_main()
     say = print if main else (lambda *a, **k: None)
     # every argument is checked before a model loads
+    cfg.resolve_eval(default_eval(cfg.teacher))
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
     settings = dataclasses.asdict(cfg)
     if cfg.resume:
@@ -138,7 +140,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     tokenizer = tok_s or tok_t
     train_tokens, info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = passkey_probes(cfg, tokenizer, teacher)
+    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer)}
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
@@ -183,6 +185,24 @@ def passkey_probes(cfg, tokenizer, model) -> dict:
     return retrieval_probes(tokenizer, lengths, cfg.eval_passkey_samples, haystack=cfg.eval_passkey_haystack)
 
 
+def code_probes(cfg, tokenizer) -> dict:
+    """``--eval-humaneval``'s scorer: pass@1 on the first N HumanEval problems; {} when off."""
+    if not cfg.eval_humaneval:
+        return {}
+    from tcal.evaluate.humaneval import humaneval, load_problems
+    from tcal.utils.errors import TcalError
+
+    if tokenizer is None:
+        raise TcalError("--eval-humaneval writes and reads text, and neither the hybrid nor the teacher directory "
+                        "has a tokenizer; save one there or leave --eval-humaneval off")
+    problems = load_problems(limit=cfg.eval_humaneval)
+
+    def pass_at_1(model) -> float:
+        return humaneval(model, tokenizer, problems, allow_code_execution=True)["pass@1"]
+
+    return {"humaneval": pass_at_1}
+
+
 def human_bytes(n) -> str:
     if n is None:
         return "n/a"
@@ -190,13 +210,19 @@ def human_bytes(n) -> str:
 
 
 def probe_table(report: dict, cfg) -> list[str]:
-    """The --eval-passkey scores at every curve point against the teacher's, as markdown lines (none if off)."""
+    """The --eval-passkey and --eval-humaneval scores at every curve point against the teacher's, as markdown lines
+    (none if off)."""
     names = list(report.get("teacher_probes") or {})
     if not names:
         return []
     teacher = report["teacher_probes"]
-    lines = [f"Passkey retrieval (one needle in {cfg.eval_passkey_haystack}, {cfg.eval_passkey_samples} prompts per "
-             "length, greedy; the same prompts at every point):", "",
+    what = []
+    if any(n.startswith("passkey") for n in names):
+        what.append(f"passkey retrieval (one needle in {cfg.eval_passkey_haystack}, {cfg.eval_passkey_samples} "
+                    "prompts per length, greedy; the same prompts at every point)")
+    if "humaneval" in names:
+        what.append(f"HumanEval pass@1 (the first {cfg.eval_humaneval} problems, greedy, code run under their tests)")
+    lines = ["Probes at every curve point: " + "; ".join(what) + ":", "",
              "| training tokens | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
              "| teacher | " + " | ".join(f"{teacher[n]:.2f}" for n in names) + " |"]
     lines += [f"| {r['tokens']:,} | " + " | ".join(f"{r[n]:.2f}" if n in r else "-" for n in names) + " |"

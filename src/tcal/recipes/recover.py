@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.recipes.distill import DistillConfig, finish_run, passkey_probes, start_partial
+from tcal.recipes.distill import DistillConfig, code_probes, finish_run, passkey_probes, start_partial
 from tcal.taylor.budget import CalibArgs
 from tcal.train.config import SCHEDULES, TrainOptions
 from tcal.utils.config import GDNArgs, OutArgs, TeacherArgs, arg
@@ -77,6 +77,12 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     if cfg.teacher_placement == "shard":
         raise TcalError("tcal recover keeps the teacher on every rank (it calibrates with it between runs); "
                         "drop --teacher-placement shard, or convert with tcal convert and run tcal distill")
+    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.data.teacher_table import default_eval
+
+    cfg.resolve_calib(cfg.teacher)
+    cfg.resolve_eval(default_eval(cfg.teacher))
+    check_teacher_spec(cfg.teacher)
     out = check_out(cfg.out, "recover", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)
@@ -229,7 +235,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     load_s = time.time() - t0
     train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = passkey_probes(cfg, tokenizer, teacher)  # the same prompts for every init
+    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer)}  # the same prompts for every init
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tcal.data.teacher_table import default_calib
 from tcal.taylor.config import AlignConfig, KLConfig
-from tcal.utils.config import DEFAULT_CALIB, arg
+from tcal.utils.config import arg
 from tcal.utils.errors import TcalError
 
 
@@ -44,8 +45,10 @@ CALIB_BUDGETS: dict[str, CalibBudget] = {b.name: b for b in (
 
 @dataclass
 class CalibArgs:
-    calib: str = arg(DEFAULT_CALIB, "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal "
-                                   "shares, interleaved); disjoint from --eval")
+    calib: str = arg("auto", "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal shares, "
+                             "interleaved); disjoint from --eval. auto: the teacher's own default, "
+                             "wiki:calib+shakespeare:calib, and code:calib+wiki:calib for the code teachers "
+                             "(qwen2.5-coder-*)")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
                                     "large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
                                     "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
@@ -62,6 +65,11 @@ class CalibArgs:
                                              "with a copy of an earlier span of itself (for long-context retrieval; "
                                              "0 = off; default: the budget's, 0.5 long, 0 the others)")
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
+
+    def resolve_calib(self, teacher: str) -> None:
+        """``--calib auto`` -> the teacher's default calibration text (tcal.data.teacher_table)."""
+        if self.calib.strip() == "auto":
+            self.calib = default_calib(teacher)
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:

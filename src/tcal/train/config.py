@@ -53,6 +53,11 @@ class TrainOptions(EvalArgs, DeviceArgs):
                                 "own, not PPL's; empty = off")
     eval_passkey_samples: int = arg(10, "passkey prompts per length (needle depths spread over the context)")
     eval_passkey_haystack: str = arg("sotu:eval", "text the passkey needles hide in; disjoint from --data")
+    eval_humaneval: int = arg(0, "HumanEval problems (the first N of 164; 0 = off) whose pass@1 every curve point "
+                                 "also scores (greedy answers run under the problems' tests: needs "
+                                 "--allow-code-execution)")
+    allow_code_execution: bool = arg(False, "let --eval-humaneval run the model's code on this machine (tcal eval "
+                                            "--help says what is and is not guarded)")
     save_every: int = arg(5_000_000, "checkpoint (for --resume) every N training tokens")
     precision: str = arg("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16", choices=PRECISIONS)
     teacher_dtype: str = arg("float32", "teacher weights dtype: float32 or bfloat16")
@@ -103,6 +108,11 @@ def passkey_lengths(cfg: TrainOptions) -> list[int]:
 def check_train_options(cfg: TrainOptions, tokens: int) -> None:
     if tokens < 1:
         raise TcalError(f"--tokens must be positive, got {tokens}")
+    if cfg.eval_humaneval < 0:
+        raise TcalError(f"--eval-humaneval must be a number of problems (0 = off), got {cfg.eval_humaneval}")
+    if cfg.eval_humaneval and not cfg.allow_code_execution:
+        raise TcalError("--eval-humaneval runs the code the model writes on this machine: add "
+                        "--allow-code-execution to accept that (tcal eval --help says what is guarded)")
     if cfg.seq_len < 2:
         raise TcalError(f"--seq-len must be at least 2, got {cfg.seq_len}")
     if cfg.batch_size < 1:
