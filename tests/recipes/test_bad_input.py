@@ -97,15 +97,17 @@ def test_save_pretrained_into_an_unwritable_place_is_a_tcal_error(tmp_path):
 
 def test_outputs_get_the_usual_file_modes(workspace, capsys):
     old = os.umask(0o022)
-    try:
-        assert main([str(a) for a in convert_copy(workspace, workspace / "modes")]) == 0
+    try:  # evaluated on a file: its tokens are cached, the cache files get the usual modes too
+        assert main([str(a) for a in convert_copy(workspace, workspace / "modes", "--eval", workspace / "eval.txt",
+                                                  "--eval-window", 32, "--eval-windows", 2)]) == 0
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (workspace / "modes").iterdir() if p.is_file()}
     assert modes["model.safetensors"] == 0o644, modes
     assert all(m == 0o644 for m in modes.values()), modes
-    tokens = list((workspace / "cache" / "tokens").glob("*.npy")) if (workspace / "cache" / "tokens").exists() else []
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in tokens)
+    tokens = list((workspace / "cache" / "tokens").glob("*.npy"))
+    assert len(tokens) == 2  # the evaluation text's token stream and its document bounds
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in tokens} == {p.name: 0o644 for p in tokens}
 
 
 # -- leftovers that block the next run -------------------------------------------------------------
@@ -295,3 +297,4 @@ def test_converting_every_global_layer_is_one_warning_line(tmp_path, capsys):
     line = _format_warning(w.message, w.category, w.filename, w.lineno)
     assert line.startswith("tcal: warning: the keep list") and line.count("\n") == 1
     assert "- warning: the keep list converts every global-attention layer" in (tmp_path / "o" / "report.md").read_text()
+
