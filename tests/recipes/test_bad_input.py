@@ -298,3 +298,30 @@ def test_converting_every_global_layer_is_one_warning_line(tmp_path, capsys):
     assert line.startswith("tcal: warning: the keep list") and line.count("\n") == 1
     assert "- warning: the keep list converts every global-attention layer" in (tmp_path / "o" / "report.md").read_text()
 
+
+# -- lists, lengths and text that slip through ---------------------------------------------------------
+
+@pytest.mark.parametrize("keep, message", [
+    ("1,,2", "keep '1,,2' has an empty entry"),
+    ("1,2,", "keep '1,2,' has an empty entry"),
+    (",1", "keep ',1' has an empty entry"),
+    ("0,a", "keep '0,a': 'a' is not a layer index"),
+    ("0,2,0", "keep '0,2,0' names layer 0 more than once"),
+])
+def test_a_malformed_keep_list_is_an_error(workspace, capsys, keep, message):
+    out = workspace / "out"
+    one_error(capsys, message, "convert", "--teacher", workspace / "teacher", "--keep", keep, "--init", "copy",
+              "--eval", "none", "--device", "cpu", "--out", out)
+    assert not out.exists()
+    from helpers import tiny_teacher
+
+    with pytest.raises(TcalError, match=message.replace("(", r"\(")):  # the library's parser: the API too
+        tcal.convert(tiny_teacher(), keep=keep, init="copy")
+
+
+def test_eval_lengths_empty_is_said_in_the_command_lines_words(workspace, capsys):
+    err = one_error(capsys, "--lengths is empty; give context lengths in tokens, e.g. --lengths 512,1024",
+                    "eval", "--model", workspace / "no-such-model", "--task", "niah", "--lengths", "",
+                    "--out", workspace / "niah", "--device", "cpu")  # said before the (missing) model is read
+    assert "lengths=[" not in err and not (workspace / "niah").exists()
+
