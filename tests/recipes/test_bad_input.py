@@ -325,3 +325,59 @@ def test_eval_lengths_empty_is_said_in_the_command_lines_words(workspace, capsys
                     "--out", workspace / "niah", "--device", "cpu")  # said before the (missing) model is read
     assert "lengths=[" not in err and not (workspace / "niah").exists()
 
+
+@pytest.fixture()
+def eval_copies(workspace):
+    """Files that hold the evaluation text eval.txt: all of it, and half of it."""
+    text = (workspace / "eval.txt").read_text().split()
+    (workspace / "copy.txt").write_text(" ".join(text))
+    (workspace / "half.txt").write_text(" ".join(text[: len(text) // 2]))
+    return workspace
+
+
+# half: the first 750 of the 1,500 words hold 738 of the 1,488 13-word sequences
+@pytest.mark.parametrize("name, covering", [("copy.txt", "100.0%"), ("half.txt", "49.6%")])
+def test_calibration_and_training_text_holding_evaluation_text_is_refused(eval_copies, capsys, name, covering):
+    ws, out = eval_copies, eval_copies / "out"
+    ev = ws / "eval.txt"
+    share = f"contains evaluation text: 100.0% of its 13-word sequences occur in {ev}, covering {covering} of it"
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "convert", "--teacher", ws / "teacher", "--keep",
+              "0,2", "--init", "taylor", "--calib", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "convert", "--teacher", ws / "teacher", "--keep",
+              "ar:1", "--init", "copy", "--calib", f"{ws / 'calib.txt'}+{ws / name}", "--eval", ev, "--device", "cpu",
+              "--out", out)  # a scored policy reads the calibration text too; each part of a mixture is checked
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "ablate", "--teacher", ws / "teacher", "--keep",
+              "0,2", "--calib", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    one_error(capsys, f"training data '{ws / name}' {share}", "recover", "--teacher", ws / "teacher", "--keep", "0,2",
+              "--inits", "copy,zero-gate", "--data", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    (ws / "hybrid").mkdir()
+    one_error(capsys, f"training data '{ws / name}' {share}", "distill", ws / "hybrid", "--teacher", ws / "teacher",
+              "--data", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    assert not out.exists() and not (ws / "out.partial").exists()
+
+
+@pytest.fixture()
+def wiki_eval_copies(workspace, monkeypatch):
+    """The user's tcal cache (the built-in corpora, downloaded once), and files holding all of wiki:eval and half."""
+    monkeypatch.delenv("TCAL_CACHE", raising=False)
+    from tcal.data.corpora import load_corpus
+
+    docs = load_corpus("wiki:eval").documents
+    (workspace / "wiki_all.txt").write_text("\n\n".join(docs))
+    (workspace / "wiki_half").mkdir()
+    (workspace / "wiki_half" / "half.txt").write_text("\n\n".join(docs[: len(docs) // 2]))
+    return workspace
+
+
+@pytest.mark.integration
+def test_text_of_a_builtin_evaluation_split_is_refused_whatever_the_command_evaluates(wiki_eval_copies, capsys):
+    ws, out = wiki_eval_copies, wiki_eval_copies / "out"
+    one_error(capsys, f"calibration data '{ws / 'wiki_all.txt'}' contains evaluation text", "convert", "--teacher",
+              ws / "teacher", "--keep", "0,2", "--init", "phase1", "--calib", ws / "wiki_all.txt", "--eval", "none",
+              "--device", "cpu", "--out", out)
+    err = one_error(capsys, "pool source 'dir:", "pool", "--teacher", ws / "teacher", "--sources",
+                    f"dir:{ws / 'wiki_half'}", "--out", out, "--no-progress")
+    assert "occur in wiki:eval" in err and not out.exists()
+    teacher, tokenizer = tcal.load_teacher(str(ws / "teacher"))
+    with pytest.raises(TcalError, match="occur in wiki:eval, covering 100.0% of it"):  # the library calibrates too
+        tcal.convert(teacher, keep=[0, 2], init="phase1", calib=str(ws / "wiki_all.txt"), tokenizer=tokenizer)

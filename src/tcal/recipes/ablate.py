@@ -58,6 +58,7 @@ def _check(cfg: AblateConfig):
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.overlap import check_no_eval_text
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
@@ -69,6 +70,7 @@ def _check(cfg: AblateConfig):
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     for spec in mixture_parts(cfg.calib) + cfg.eval_list():
         as_corpus(spec)
+    check_no_eval_text(cfg.calib, cfg.eval_list(), role="calibration data")
     return out, inits
 
 
