@@ -166,15 +166,35 @@ def test_every_builtin_calibration_split_passes_and_wiki_eval_copies_are_refused
         O.check_no_eval_text("wiki", role="calibration data")  # the whole corpus holds its evaluation split
 
 
+@pytest.fixture()
+def fresh_cache(tmp_path, monkeypatch):
+    """A tcal cache of the test's own that shares the user's fetched packages (downloaded there once) and nothing
+    else: no check was made in it yet."""
+    from tcal.utils.cache import cache_root
+
+    monkeypatch.delenv("TCAL_CACHE", raising=False)
+    real, fresh = cache_root(), tmp_path / "cache"
+    fresh.mkdir()
+    for sub in ("pypi", "npm"):
+        (real / sub).mkdir(parents=True, exist_ok=True)
+        (fresh / sub).symlink_to(real / sub)
+    monkeypatch.setenv("TCAL_CACHE", str(fresh))
+    for memo in (O._RESULTS, O._HASHES, O._BUILTIN):
+        memo.clear()
+    return fresh
+
+
 @pytest.mark.integration
-def test_a_builtin_split_is_checked_once_and_the_result_cached(real_cache, monkeypatch):
-    O.check_no_eval_text("shakespeare:calib")
-    O._RESULTS.clear()
-    O._HASHES.clear()
-
-    def no_hashing(*a, **k):
-        raise AssertionError("a cached check hashed the text again")
-
-    monkeypatch.setattr(O, "ngram_hashes", no_hashing)
-    found = O.check_no_eval_text("shakespeare:calib")
-    assert {o.eval for o in found} >= {"wiki:eval", "shakespeare:eval", "sotu:eval"}
+def test_a_builtin_split_is_checked_once_and_the_result_cached(fresh_cache, monkeypatch):
+    load_corpus("shakespeare:calib")
+    hashed = []
+    real_hashes = O.ngram_hashes
+    monkeypatch.setattr(O, "ngram_hashes", lambda docs, *a: hashed.append(1) or real_hashes(docs, *a))
+    first = O.check_no_eval_text("shakespeare:calib")
+    assert hashed and list((fresh_cache / "overlap" / "checks").glob("shakespeare_calib-*.json"))
+    assert list((fresh_cache / "overlap").glob("shakespeare_eval-*.npy"))  # an evaluation split's n-grams are kept
+    assert {o.eval for o in first} >= {"shakespeare:eval"}
+    for memo in (O._RESULTS, O._HASHES, O._BUILTIN):  # as a new process finds it
+        memo.clear()
+    hashed.clear()
+    assert O.check_no_eval_text("shakespeare:calib") == first and not hashed  # read from the cache, not hashed
