@@ -8,8 +8,9 @@ random-weight model of the hybrid's base config: speed does not depend on weight
 Each of ``--rows`` runs at each of ``--contexts`` (see :mod:`tcal.evaluate.speed` for what each row
 measures); ``--batch-sizes`` adds batched decode throughput of the fast rows at ``--batch-context``
 (``max``: the largest batch that fits in free GPU memory); ``--check`` compares the hybrid's
-FastDecoder with the eager hybrid and an fp32 copy. A cell that runs out of memory or fails is
-recorded with its error and the others go on. Writes ``--out``: bench.json (every cell, the
+FastDecoder with the eager hybrid and an fp32 copy. A row the model cannot run (a llama.cpp row of a
+hybrid the Qwen3.5 layout cannot hold, a family FastDecoder does not support) is refused before any row
+is timed; a cell that still runs out of memory or fails is recorded with its error and the others go on. Writes ``--out``: bench.json (every cell, the
 settings, versions), bench.md (tables), bench.png (decode and prefill against context).
 """
 from __future__ import annotations
