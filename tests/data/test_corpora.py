@@ -75,19 +75,34 @@ def test_unknown_builtin_lists_known():
     assert "unknown corpus" in msg and "wiki:eval" in msg and "shakespeare" in msg and "\n" not in msg
 
 
-def test_parquet_needs_pyarrow_or_reads(tmp_path):
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        p = tmp_path / "x.parquet"
-        p.write_bytes(b"PAR1")
-        with pytest.raises(TcalError, match="pip install pyarrow"):
-            load_corpus(str(p))
-        return
+def test_parquet_is_read(tmp_path):
+    import pyarrow as pa  # in the [test] extra: parquet reading is tested wherever the suite runs
+    import pyarrow.parquet as pq
+
     p = tmp_path / "x.parquet"
-    pq.write_table(pa.table({"text": ["the cat", "a dog"]}), p)
-    assert load_corpus(str(p)).documents == ["the cat", "a dog"]
+    pq.write_table(pa.table({"text": ["the cat", None, "a dog", "  "], "id": [1, 2, 3, 4]}), p)
+    assert load_corpus(str(p)).documents == ["the cat", "a dog"]  # null and blank rows dropped
+    d = tmp_path / "d"
+    d.mkdir()
+    pq.write_table(pa.table({"text": ["from parquet"]}), d / "a.parquet")
+    (d / "b.txt").write_text("from text")
+    assert load_corpus(str(d)).documents == ["from parquet", "from text"]
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "nocol.parquet")
+    with pytest.raises(TcalError, match="has no 'text' column \\(columns: body\\)"):
+        load_corpus(str(tmp_path / "nocol.parquet"))
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(TcalError, match="cannot read parquet file"):
+        load_corpus(str(tmp_path / "bad.parquet"))
+
+
+def test_parquet_without_pyarrow_says_how_to_get_it(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import pyarrow.parquet now raises ImportError
+    p = tmp_path / "x.parquet"
+    p.write_bytes(b"PAR1")
+    with pytest.raises(TcalError, match="needs pyarrow; pip install pyarrow"):
+        load_corpus(str(p))
 
 
 def test_raw_text_vs_spec(tmp_path):

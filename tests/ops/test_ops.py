@@ -76,11 +76,33 @@ def test_scan_forward_and_state(T, chunk, with_state):
     assert_close(s, s_ref, 1e-5, f"scan T={T} chunk={chunk} state")
 
 
-def test_scan_is_the_backend_asked_for_and_stays_finite_under_strong_decay():
+def ran_backends(monkeypatch) -> list:
+    """Record which PyTorch path each gated_delta_rule call dispatches to."""
+    from tcal.ops import dispatch
+
+    ran = []
+    for kind, name in (("naive", "naive_recurrent_gated_delta_rule"), ("chunk", "chunk_gated_delta_rule_torch"),
+                       ("scan", "chunk_scan_gated_delta_rule_torch")):
+        fn = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *a, _fn=fn, _kind=kind, **kw: ran.append(_kind) or _fn(*a, **kw))
+    return ran
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunk", "scan"])
+def test_each_backend_is_the_one_asked_for(backend, monkeypatch):
+    ran = ran_backends(monkeypatch)
+    q, k, v, g, b, h0 = inputs(1, 70, 2, 8, 8)
+    gated_delta_rule(q, k, v, g, b, initial_state=h0, backend=backend, chunk_size=32)
+    assert ran == [backend]
+
+
+def test_scan_is_the_backend_asked_for_and_stays_finite_under_strong_decay(monkeypatch):
     q, k, v, g, b, h0 = inputs(1, 300, 2, 8, 8)
     g = torch.full_like(g, -20.0)  # every chunk's state transition nearly zero: products of them underflow
     o_ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True)
+    ran = ran_backends(monkeypatch)
     o, s = gated_delta_rule(q, k, v, g, b, initial_state=h0, output_final_state=True, backend="scan", chunk_size=32)
+    assert ran == ["scan"]
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
     assert_close(o, o_ref, 1e-5, "scan output, log decay -20")
 

@@ -97,15 +97,17 @@ def test_save_pretrained_into_an_unwritable_place_is_a_tcal_error(tmp_path):
 
 def test_outputs_get_the_usual_file_modes(workspace, capsys):
     old = os.umask(0o022)
-    try:
-        assert main([str(a) for a in convert_copy(workspace, workspace / "modes")]) == 0
+    try:  # evaluated on a file: its tokens are cached, the cache files get the usual modes too
+        assert main([str(a) for a in convert_copy(workspace, workspace / "modes", "--eval", workspace / "eval.txt",
+                                                  "--eval-window", 32, "--eval-windows", 2)]) == 0
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (workspace / "modes").iterdir() if p.is_file()}
     assert modes["model.safetensors"] == 0o644, modes
     assert all(m == 0o644 for m in modes.values()), modes
-    tokens = list((workspace / "cache" / "tokens").glob("*.npy")) if (workspace / "cache" / "tokens").exists() else []
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in tokens)
+    tokens = list((workspace / "cache" / "tokens").glob("*.npy"))
+    assert len(tokens) == 2  # the evaluation text's token stream and its document bounds
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in tokens} == {p.name: 0o644 for p in tokens}
 
 
 # -- leftovers that block the next run -------------------------------------------------------------
@@ -295,3 +297,87 @@ def test_converting_every_global_layer_is_one_warning_line(tmp_path, capsys):
     line = _format_warning(w.message, w.category, w.filename, w.lineno)
     assert line.startswith("tcal: warning: the keep list") and line.count("\n") == 1
     assert "- warning: the keep list converts every global-attention layer" in (tmp_path / "o" / "report.md").read_text()
+
+
+# -- lists, lengths and text that slip through ---------------------------------------------------------
+
+@pytest.mark.parametrize("keep, message", [
+    ("1,,2", "keep '1,,2' has an empty entry"),
+    ("1,2,", "keep '1,2,' has an empty entry"),
+    (",1", "keep ',1' has an empty entry"),
+    ("0,a", "keep '0,a': 'a' is not a layer index"),
+    ("0,2,0", "keep '0,2,0' names layer 0 more than once"),
+])
+def test_a_malformed_keep_list_is_an_error(workspace, capsys, keep, message):
+    out = workspace / "out"
+    one_error(capsys, message, "convert", "--teacher", workspace / "teacher", "--keep", keep, "--init", "copy",
+              "--eval", "none", "--device", "cpu", "--out", out)
+    assert not out.exists()
+    from helpers import tiny_teacher
+
+    with pytest.raises(TcalError, match=message.replace("(", r"\(")):  # the library's parser: the API too
+        tcal.convert(tiny_teacher(), keep=keep, init="copy")
+
+
+def test_eval_lengths_empty_is_said_in_the_command_lines_words(workspace, capsys):
+    err = one_error(capsys, "--lengths is empty; give context lengths in tokens, e.g. --lengths 512,1024",
+                    "eval", "--model", workspace / "no-such-model", "--task", "niah", "--lengths", "",
+                    "--out", workspace / "niah", "--device", "cpu")  # said before the (missing) model is read
+    assert "lengths=[" not in err and not (workspace / "niah").exists()
+
+
+@pytest.fixture()
+def eval_copies(workspace):
+    """Files that hold the evaluation text eval.txt: all of it, and half of it."""
+    text = (workspace / "eval.txt").read_text().split()
+    (workspace / "copy.txt").write_text(" ".join(text))
+    (workspace / "half.txt").write_text(" ".join(text[: len(text) // 2]))
+    return workspace
+
+
+# half: the first 750 of the 1,500 words hold 738 of the 1,488 13-word sequences
+@pytest.mark.parametrize("name, covering", [("copy.txt", "100.0%"), ("half.txt", "49.6%")])
+def test_calibration_and_training_text_holding_evaluation_text_is_refused(eval_copies, capsys, name, covering):
+    ws, out = eval_copies, eval_copies / "out"
+    ev = ws / "eval.txt"
+    share = f"contains evaluation text: 100.0% of its 13-word sequences occur in {ev}, covering {covering} of it"
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "convert", "--teacher", ws / "teacher", "--keep",
+              "0,2", "--init", "taylor", "--calib", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "convert", "--teacher", ws / "teacher", "--keep",
+              "ar:1", "--init", "copy", "--calib", f"{ws / 'calib.txt'}+{ws / name}", "--eval", ev, "--device", "cpu",
+              "--out", out)  # a scored policy reads the calibration text too; each part of a mixture is checked
+    one_error(capsys, f"calibration data '{ws / name}' {share}", "ablate", "--teacher", ws / "teacher", "--keep",
+              "0,2", "--calib", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    one_error(capsys, f"training data '{ws / name}' {share}", "recover", "--teacher", ws / "teacher", "--keep", "0,2",
+              "--inits", "copy,zero-gate", "--data", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    (ws / "hybrid").mkdir()
+    one_error(capsys, f"training data '{ws / name}' {share}", "distill", ws / "hybrid", "--teacher", ws / "teacher",
+              "--data", ws / name, "--eval", ev, "--device", "cpu", "--out", out)
+    assert not out.exists() and not (ws / "out.partial").exists()
+
+
+@pytest.fixture()
+def wiki_eval_copies(workspace, monkeypatch):
+    """The user's tcal cache (the built-in corpora, downloaded once), and files holding all of wiki:eval and half."""
+    monkeypatch.delenv("TCAL_CACHE", raising=False)
+    from tcal.data.corpora import load_corpus
+
+    docs = load_corpus("wiki:eval").documents
+    (workspace / "wiki_all.txt").write_text("\n\n".join(docs))
+    (workspace / "wiki_half").mkdir()
+    (workspace / "wiki_half" / "half.txt").write_text("\n\n".join(docs[: len(docs) // 2]))
+    return workspace
+
+
+@pytest.mark.integration
+def test_text_of_a_builtin_evaluation_split_is_refused_whatever_the_command_evaluates(wiki_eval_copies, capsys):
+    ws, out = wiki_eval_copies, wiki_eval_copies / "out"
+    one_error(capsys, f"calibration data '{ws / 'wiki_all.txt'}' contains evaluation text", "convert", "--teacher",
+              ws / "teacher", "--keep", "0,2", "--init", "phase1", "--calib", ws / "wiki_all.txt", "--eval", "none",
+              "--device", "cpu", "--out", out)
+    err = one_error(capsys, "pool source 'dir:", "pool", "--teacher", ws / "teacher", "--sources",
+                    f"dir:{ws / 'wiki_half'}", "--out", out, "--no-progress")
+    assert "occur in wiki:eval" in err and not out.exists()
+    teacher, tokenizer = tcal.load_teacher(str(ws / "teacher"))
+    with pytest.raises(TcalError, match="occur in wiki:eval, covering 100.0% of it"):  # the library calibrates too
+        tcal.convert(teacher, keep=[0, 2], init="phase1", calib=str(ws / "wiki_all.txt"), tokenizer=tokenizer)

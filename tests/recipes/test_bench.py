@@ -78,15 +78,68 @@ def test_bench_llama_cpp_rows_of_a_saved_hybrid(tmp_path, capsys):
     assert all(r["decode_ms"] > 0 and r["prefill_tok_s"] > 0 and r["engine"] == "llama.cpp" for r in res["rows"])
     md = (out / "bench.md").read_text()
     assert "## llama.cpp: hybrid against teacher" in md and "KV bound" in md and "| hybrid-llama.cpp |" in md
-    # a native hybrid whose write gate has a bias: its row records why llama.cpp cannot run it, the teacher's runs
+
+
+def timed_rows(monkeypatch) -> list:
+    """Record every row the bench starts timing (speed.measure_row and the llama.cpp rows)."""
+    from tcal.evaluate import speed
+    from tcal.recipes import bench
+
+    started = []
+    measure_row, llama_rows = speed.measure_row, bench._llama_cpp_rows
+    monkeypatch.setattr(speed, "measure_row", lambda name, *a, **k: started.append(name) or measure_row(name, *a, **k))
+    monkeypatch.setattr(bench, "_llama_cpp_rows", lambda cfg, p, name, m: started.append(name) or llama_rows(cfg, p, name, m))
+    return started
+
+
+def test_a_row_the_hybrid_cannot_run_is_refused_before_any_row_is_timed(tmp_path, capsys, monkeypatch):
+    started = timed_rows(monkeypatch)
+    # a native hybrid whose write gate has a bias: only its weights say llama.cpp's layout cannot hold it
     native = tcal.convert(tiny_teacher("llama"), keep=[0, 2], init="copy", target="native")
     with __import__("torch").no_grad():
         native.model.layers[1].self_attn.b_proj.bias.fill_(0.5)
     native.save_pretrained(tmp_path / "native")
-    assert run("bench", tmp_path / "native", "--contexts", "16", "--rows", "teacher-llama.cpp,hybrid-llama.cpp",
-               "--decode-tokens", 2, "--reps", 1, "--device", "cpu", "--no-progress", "--out", tmp_path / "b2") == 0
-    rows = json.loads((tmp_path / "b2" / "bench.json").read_text())["rows"]
-    assert "error" not in rows[0] and "b_proj.bias" in rows[1]["error"]
+    code, errors = errors_of(capsys, "bench", tmp_path / "native", "--contexts", "16", "--rows",
+                             "hybrid-eager,teacher-llama.cpp,hybrid-llama.cpp", "--decode-tokens", 2, "--reps", 1,
+                             "--device", "cpu", "--no-progress", "--out", tmp_path / "b2")
+    assert code == 2 and len(errors) == 1, errors
+    assert "row hybrid-llama.cpp cannot run" in errors[0] and "b_proj.bias" in errors[0]
+    assert "drop hybrid-llama.cpp from --rows" in errors[0]
+    # a Gemma 3 hybrid (native: the layout holds no Gemma layers): refused from its config, before it loads
+    gemma = tcal.convert(tiny_teacher("gemma3"), keep=[0, 3], init="copy")  # layer 3 is global
+    assert gemma.config.target == "native"
+    gemma.save_pretrained(tmp_path / "gemma")
+    code, errors = errors_of(capsys, "bench", tmp_path / "gemma", "--contexts", "16", "--rows",
+                             "hybrid-eager,hybrid-fast,hybrid-llama.cpp", "--decode-tokens", 2, "--reps", 1,
+                             "--device", "cpu", "--no-progress", "--out", tmp_path / "b3")
+    assert code == 2 and len(errors) == 1, errors
+    assert "row hybrid-llama.cpp cannot run" in errors[0] and "'gemma3_text'" in errors[0]
+    assert "runs where tcal is imported" in errors[0] and "--target" not in errors[0]  # no advice in a circle
+    code, errors = errors_of(capsys, "bench", tmp_path / "gemma", "--contexts", "16", "--rows", "teacher-llama.cpp",
+                             "--device", "cpu", "--out", tmp_path / "b3")
+    assert code == 2 and "row teacher-llama.cpp cannot run" in errors[0] and "not 'gemma3_text'" in errors[0]
+    assert started == [] and not (tmp_path / "b2").exists() and not (tmp_path / "b3").exists()
+    # the rows that can run still run
+    assert run("bench", tmp_path / "gemma", "--contexts", "16", "--rows", "hybrid-eager", "--decode-tokens", 2,
+               "--reps", 1, "--device", "cpu", "--no-progress", "--out", tmp_path / "b4") == 0
+    assert started == ["hybrid-eager"]
+
+
+def test_keep_is_refused_for_a_saved_hybrid(tmp_path, capsys):
+    tcal.convert(tiny_teacher(), keep=[0, 2], init="copy").save_pretrained(tmp_path / "hybrid")
+    for keep in ("0,1", "uniform:25%"):  # the shapes' default too: given, it is not the hybrid's
+        code, errors = errors_of(capsys, "bench", tmp_path / "hybrid", "--keep", keep, "--rows", "hybrid-eager",
+                                 "--contexts", 16, "--device", "cpu", "--out", tmp_path / "b")
+        assert code == 2 and len(errors) == 1, errors
+        assert "the saved hybrid" in errors[0] and "attention at [0, 2]" in errors[0] and "drop --keep" in errors[0]
+    assert not (tmp_path / "b").exists()
+    # a shape without --keep takes uniform:25%, and the settings say so
+    out = tmp_path / "s"
+    assert run("bench", "smollm2-135m", "--num-layers", 4, "--contexts", 16, "--rows", "hybrid-eager",
+               "--decode-tokens", 2, "--reps", 1, "--dtype", "float32", "--device", "cpu", "--no-progress",
+               "--out", out) == 0
+    res = json.loads((out / "bench.json").read_text())
+    assert res["settings"]["keep"] == "uniform:25%" and res["model"]["attention_layers"] == [0]
 
 
 def test_bench_a_saved_hybrid_with_check(tmp_path, capsys):

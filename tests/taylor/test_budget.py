@@ -40,10 +40,16 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
     assert CALIB_BUDGETS["long"].kl.recall_frac == 0.5  # resolving it left the preset alone
     with pytest.raises(TcalError, match="--calib-window"):  # the budget's mix on a window too short for its span
         CalibArgs(calib_budget="long", calib_window=256).budget("cuda")
-    for bad in (dict(calib_windows=1), dict(calib_window=1), dict(align_steps=-1), dict(kl_steps=-1),
-                dict(calib_budget="huge"), dict(kl_recall_frac=1.5), dict(kl_recall_frac=0.5, kl_recall_span=0),
-                dict(kl_recall_frac=0.5, calib_window=300)):
-        with pytest.raises(TcalError):
+    for bad, message in ((dict(calib_windows=1), "--calib-windows must be at least 2"),
+                         (dict(calib_window=1), "--calib-window must be at least 2 tokens, got 1"),
+                         (dict(align_steps=-1), "--align-steps must be >= 0, got -1"),
+                         (dict(kl_steps=-1), "--kl-steps must be >= 0, got -1"),
+                         (dict(calib_budget="huge"), "--calib-budget must be .*; got 'huge'"),
+                         (dict(kl_recall_frac=1.5), "--kl-recall-frac must be in \\[0, 1\\], got 1.5"),
+                         (dict(kl_recall_frac=0.5, kl_recall_span=0), "--kl-recall-span must be at least 1, got 0"),
+                         (dict(kl_recall_frac=0.5, calib_window=300), "needs --calib-window of at least 512 tokens, "
+                                                                      "got 300")):
+        with pytest.raises(TcalError, match=message):
             CalibArgs(**bad).check_calib()
 
 

@@ -67,11 +67,19 @@ def test_kl_stage_needs_heldout_sequences_and_valid_settings():
         kl_stage(hybrid, teacher, ids(4), ids(4)[:0], KLConfig(steps=2))
     with pytest.raises(TcalError, match="held-out"):
         calibrate(hybrid, teacher, ids(4), phase2=False, kl=KLConfig(steps=2), align=AlignConfig(heldout_frac=0.0))
-    for bad in (dict(steps=-1), dict(lr=0.0), dict(lr=float("nan")), dict(batch_size=0), dict(patience=0),
-                dict(patience_frac=-0.1), dict(patience_frac=2.0),
-                dict(schedule="linear"), dict(warmup_steps=-1),
-                dict(recall_frac=1.5), dict(recall_frac=-0.1), dict(recall_span=0)):
-        with pytest.raises(TcalError):
+    for bad, message in ((dict(steps=-1), "steps must be >= 0, got -1"), (dict(lr=0.0), "lr must be a finite"),
+                         (dict(lr=float("nan")), "lr must be a finite number > 0, got nan"),
+                         (dict(batch_size=0), "batch_size must be >= 1, got 0"),
+                         (dict(eval_every=0), "eval_every must be >= 1"), (dict(eval_tokens=0), "eval_tokens must be"),
+                         (dict(patience=0), "patience must be >= 1"),
+                         (dict(patience_frac=-0.1), "patience_frac must be a share"),
+                         (dict(patience_frac=2.0), "patience_frac must be a share of the run in \\[0, 1\\], got 2.0"),
+                         (dict(schedule="linear"), "schedule must be one of constant, cosine, got 'linear'"),
+                         (dict(warmup_steps=-1), "warmup_steps must be >= 0"),
+                         (dict(recall_frac=1.5), "recall_frac must be a share in \\[0, 1\\], got 1.5"),
+                         (dict(recall_frac=-0.1), "recall_frac must be a share"),
+                         (dict(recall_span=0), "recall_span must be >= 1")):
+        with pytest.raises(TcalError, match=f"^KL stage {message}"):
             KLConfig(**bad)
 
 

@@ -38,9 +38,9 @@ def test_defaults_are_the_reference():
     c = AlignConfig()
     assert (c.steps, c.lr_qkv, c.lr_gate, c.weight_decay, c.grad_clip, c.batch_size) == (300, 1e-4, 1e-3, 0.01, 1.0, None)
     assert c.heldout_frac == 0.25
-    with pytest.raises(TcalError):
+    with pytest.raises(TcalError, match="heldout_frac must be in \\[0, 1\\), got 1.0"):
         AlignConfig(heldout_frac=1.0)
-    with pytest.raises(TcalError):
+    with pytest.raises(TcalError, match="on_nonfinite must be 'stop' or 'skip', got 'ignore'"):
         AlignConfig(on_nonfinite="ignore")
 
 

@@ -158,9 +158,14 @@ def test_lazy_grouped_calibration_equals_one_pass_per_layer(monkeypatch):
 
 
 def test_align_config_refuses_bad_settings():
-    for bad in (dict(schedule="linear"), dict(warmup_steps=-1), dict(patience=0), dict(inputs="oracle"),
-                dict(target="logits"), dict(target="residual"), dict(heldout_max_sequences=0)):
-        with pytest.raises(TcalError):
+    for bad, message in ((dict(schedule="linear"), "align schedule must be one of constant, cosine, got 'linear'"),
+                         (dict(warmup_steps=-1), "align warmup_steps must be >= 0, got -1"),
+                         (dict(patience=0), "align patience must be >= 1"),
+                         (dict(inputs="oracle"), "align inputs must be 'teacher' or 'student', got 'oracle'"),
+                         (dict(target="logits"), "align target must be 'attn' or 'residual', got 'logits'"),
+                         (dict(target="residual"), "the residual-stream target .* needs inputs='student'"),
+                         (dict(heldout_max_sequences=0), "heldout_max_sequences must be >= 1, got 0")):
+        with pytest.raises(TcalError, match=message):
             AlignConfig(**bad)
     AlignConfig(inputs="student", target="residual")
 

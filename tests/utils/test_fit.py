@@ -89,7 +89,11 @@ def test_checks_fall_every_n_updates_or_on_token_marks():
 
 
 def test_bad_rules_are_refused():
-    for bad in (dict(eval_every=0), dict(tokens_per_step=0), dict(eval_early=-1), dict(patience=0),
-                dict(on_nonfinite="ignore"), dict(reset="all")):
-        with pytest.raises(TcalError):
+    for bad, message in ((dict(eval_every=0), "eval_every must be >= 1, got 0"),
+                         (dict(tokens_per_step=0), "tokens_per_step must be >= 1, got 0"),
+                         (dict(eval_early=-1), "eval_early must be >= 0, got -1"),
+                         (dict(patience=0), "patience must be >= 1 checks"),
+                         (dict(on_nonfinite="ignore"), "on_nonfinite must be one of stop, skip, raise, got 'ignore'"),
+                         (dict(reset="all"), "reset must be one of optimizer, moments, got 'all'")):
+        with pytest.raises(TcalError, match=f"^a fit's {message}"):
             rules(**bad)

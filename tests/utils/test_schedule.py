@@ -56,6 +56,8 @@ def test_one_token_per_step_checks_every_n_updates_and_after_the_last():
 
 
 def test_bad_schedules_are_refused():
-    for bad in (dict(kind="linear"), dict(steps=-1), dict(warmup=-1)):
-        with pytest.raises(TcalError):
+    for bad, message in ((dict(kind="linear"), "schedule must be one of constant, cosine, got 'linear'"),
+                         (dict(steps=-1), "schedule steps must be >= 0, got -1"),
+                         (dict(warmup=-1), "schedule warm-up must be >= 0, got -1")):
+        with pytest.raises(TcalError, match=f"^{message}$"):
             Schedule(**bad)

@@ -14,6 +14,7 @@ from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.target import DEFAULT_TARGET, target_options
+from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
@@ -42,9 +43,11 @@ def split_options(options: dict) -> tuple[dict, dict]:
 
 def calibration_ids(calib, tokenizer, window: int = CALIB_WINDOW, windows: int = CALIB_WINDOWS) -> torch.Tensor:
     """(windows, window) token ids of the calibration corpus (the first windows, a fixed protocol);
-    a mixture ``"wiki:calib+sotu:calib"`` takes an equal share of each, interleaved."""
+    a mixture ``"wiki:calib+sotu:calib"`` takes an equal share of each, interleaved. Text that overlaps a
+    built-in evaluation split is refused (:func:`tcal.data.overlap.check_no_eval_text`)."""
     if tokenizer is None:
         raise TcalError("calibrated inits read text: pass tokenizer= (the teacher's) or calib_ids=")
+    check_no_eval_text(calib, role="calibration data")  # every built-in evaluation split in the cache
     return mixed_windows(calib, tokenizer, window=window, n_windows=windows)
 
 

@@ -76,12 +76,27 @@ def scope_layers(scope: str | None, layer_types: list[str] | None, num_layers: i
     return layers
 
 
-def parse_keep(spec: str) -> list[int] | str:
-    """'0,4,8' -> [0, 4, 8]; anything else (a policy such as 'uniform:8') is passed through."""
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if parts and all(p.lstrip("-").isdigit() for p in parts):
-        return [int(p) for p in parts]
-    return spec
+def parse_keep(spec: str, name: str = "keep") -> list[int] | str:
+    """'0,4,8' -> [0, 4, 8]; anything else (a policy such as 'uniform:8') is passed through.
+
+    A spec with a comma is a list, and every entry of it must be a layer index, once: '1,,2', '1,2,', '0,a'
+    and '1,1' are errors, not [1, 2], [1, 2], a policy named '0,a' or [1, 1]. ``name`` names the argument in
+    the error (``--layers`` for tcal stats)."""
+    parts = [p.strip() for p in spec.split(",")]
+    if "@" in spec or (len(parts) == 1 and not parts[0].lstrip("-").isdigit()):
+        return spec  # a policy, scoped or not (or a bad one: parse_policy names what is wrong)
+    if "" in parts:
+        raise TcalError(f"{name} {spec!r} has an empty entry; give layer indices separated by single commas, "
+                        "like 0,4,8")
+    bad = [p for p in parts if not p.lstrip("-").isdigit()]
+    if bad:
+        raise TcalError(f"{name} {spec!r}: {bad[0]!r} is not a layer index; give whole numbers like 0,4,8 "
+                        "(or one policy such as uniform:8, without commas)")
+    layers = [int(p) for p in parts]
+    repeated = sorted({i for i in layers if layers.count(i) > 1})
+    if repeated:
+        raise TcalError(f"{name} {spec!r} names layer {repeated[0]} more than once; list each layer once")
+    return layers
 
 
 def parse_policy(spec, num_layers: int | None) -> Policy:

@@ -30,6 +30,7 @@ from tcal.conversion.inits import get_init
 from tcal.conversion.policy import parse_policy, policy_scope, resolve_auto, scope_layers, top_k, uniform_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
+from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.evaluate import window_ppl
 from tcal.evaluate.niah import make_samples
@@ -205,6 +206,7 @@ def _cache_file(cfg: SelectionConfig, kind: str, teacher, extra: dict) -> Path:
 def validation_windows(tokenizer, cfg: SelectionConfig) -> torch.Tensor:
     """The validation slice: windows of the calibration split (or mixture, interleaved as calibration reads it)
     after the first ``skip_windows``."""
+    check_no_eval_text(cfg.data, role="calibration data", cache_dir=cfg.cache_dir)
     ids = mixed_windows(cfg.data, tokenizer, window=cfg.window, n_windows=cfg.skip_windows + cfg.val_windows)
     return ids[cfg.skip_windows:]
 
@@ -251,6 +253,7 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
     else:
         t0 = time.perf_counter()
         if pol.kind == "niah":
+            check_no_eval_text(cfg.niah_haystack, role="layer-scoring haystack", cache_dir=cfg.cache_dir)
             scores = niah_scores(teacher, tokenizer, cfg, progress=progress)
         elif pol.kind == "ar":
             scores = ar_scores(teacher, validation_windows(tokenizer, cfg), batch_size=cfg.batch_size,

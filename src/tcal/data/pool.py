@@ -7,8 +7,9 @@ A pool is a directory::
     tokens-00001.bin      ... each part at most ``max_file_mb`` MiB
 
 Documents are joined with the tokenizer's EOS between them, in source order; the sources are
-in :mod:`tcal.data.pool_sources`. Evaluation text never enters a pool. A source that fails to
-fetch is skipped with a warning and recorded in the manifest.
+in :mod:`tcal.data.pool_sources`. Evaluation text never enters a pool: a source whose text overlaps a
+built-in evaluation split (:mod:`tcal.data.overlap`) fails the build. A source that fails to fetch is
+skipped with a warning and recorded in the manifest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from tcal.data.overlap import NgramCounter, check_ngrams, eval_corpora
 from tcal.data.pool_sources import SourceUnavailable, resolve_source
 from tcal.data.tokens import encode_documents, separator_id, tokenizer_id
 from tcal.utils.atomic import atomic_dir
@@ -83,12 +85,15 @@ class _PartWriter:
         return self.parts
 
 
-def _write_source(writer: _PartWriter, rec: dict, documents, tokenizer, sep, max_tokens, bar) -> bool:
-    """Tokenise one source's documents (in batches of 64) into the pool; True if cut at ``max_tokens``."""
+def _write_source(writer: _PartWriter, rec: dict, documents, tokenizer, sep, max_tokens, bar,
+                  ngrams: NgramCounter) -> bool:
+    """Tokenise one source's documents (in batches of 64) into the pool, and their n-grams into ``ngrams``;
+    True if cut at ``max_tokens``."""
     batch: list[str] = []
 
     def flush() -> bool:
         for text, ids in zip(batch, encode_documents(tokenizer, batch, progress=False)):
+            ngrams.add(text)
             ids = list(ids)
             if writer.total and sep is not None:
                 ids = [sep] + ids
@@ -147,8 +152,9 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
                 continue
             t0 = time.time()
             bar = tqdm(desc=f"pool {name}", unit="doc", disable=not progress, leave=True)
+            ngrams = NgramCounter()
             try:
-                if _write_source(writer, rec, docs_fn(), tokenizer, sep, max_tokens, bar):
+                if _write_source(writer, rec, docs_fn(), tokenizer, sep, max_tokens, bar, ngrams):
                     rec["status"] = "ok (cut at max_tokens)"
             except (SourceUnavailable, TcalError, OSError, subprocess.SubprocessError) as e:
                 rec["status"] = "skipped" if rec["documents"] == 0 else f"failed after {rec['documents']} documents"
@@ -156,6 +162,9 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
                 warnings.warn(f"tcal pool: source {name} {rec['status']}: {rec['reason']}", stacklevel=2)
             finally:
                 bar.close()
+            # evaluation text never enters a pool: a source that holds some fails the build (nothing is written)
+            found = check_ngrams(name, ngrams.hashes(), role="pool source", cache_dir=cache_dir)
+            rec["eval_overlap"] = {o.eval: round(o.data_share, 6) for o in found if o.shared}
             rec["seconds"] = round(time.time() - t0, 1)
         parts = writer.close()
         if writer.total == 0:
@@ -174,6 +183,9 @@ def build_pool(tokenizer, out_path, *, sources=DEFAULT_POOL_SOURCES, max_tokens:
                 "vocab_size": vocab,
             },
             "max_file_mb": max_file_mb,
+            # the evaluation text every source was checked against (tcal.data.overlap); a source's eval_overlap:
+            # the share of its distinct n-grams found in each (below the refusal limit, or the build failed)
+            "eval_checked": [c.name for c in eval_corpora((), cache_dir=cache_dir)],
             "sources": records,
             "parts": parts,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

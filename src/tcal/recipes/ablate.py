@@ -66,6 +66,7 @@ def _check(cfg: AblateConfig):
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.conversion.surgery import check_teacher_spec
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.overlap import check_no_eval_text
     from tcal.data.teacher_table import default_eval
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
@@ -91,6 +92,7 @@ def _check(cfg: AblateConfig):
         if cfg.humaneval_limit is not None and cfg.humaneval_limit < 1:
             raise TcalError(f"--humaneval-limit must be at least 1, got {cfg.humaneval_limit}")
         load_problems(limit=cfg.humaneval_limit)  # fetched and checked before the teacher loads
+    check_no_eval_text(cfg.calib, cfg.eval_list(), role="calibration data")
     return out, inits
 
 

@@ -8,8 +8,9 @@ random-weight model of the hybrid's base config: speed does not depend on weight
 Each of ``--rows`` runs at each of ``--contexts`` (see :mod:`tcal.evaluate.speed` for what each row
 measures); ``--batch-sizes`` adds batched decode throughput of the fast rows at ``--batch-context``
 (``max``: the largest batch that fits in free GPU memory); ``--check`` compares the hybrid's
-FastDecoder with the eager hybrid and an fp32 copy. A cell that runs out of memory or fails is
-recorded with its error and the others go on. Writes ``--out``: bench.json (every cell, the
+FastDecoder with the eager hybrid and an fp32 copy. A row the model cannot run (a llama.cpp row of a
+hybrid the Qwen3.5 layout cannot hold, a family FastDecoder does not support) is refused before any row
+is timed; a cell that still runs out of memory or fails is recorded with its error and the others go on. Writes ``--out``: bench.json (every cell, the
 settings, versions), bench.md (tables), bench.png (decode and prefill against context).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hy
 LLAMA_CPP_ROWS = ("teacher-llama.cpp", "hybrid-llama.cpp")
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # tcal.export.gguf.FILE_TYPES
 BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell
+SHAPE_KEEP = "uniform:25%"  # a shape's hybrid when --keep is not given
 CHECK_STEPS = 64
 
 
@@ -34,8 +36,9 @@ CHECK_STEPS = 64
 class BenchConfig(DeviceArgs, OutArgs):
     model: str = arg("qwen2.5-1.5b", f"a shape ({', '.join(SHAPES)}: that model's config with random weights) "
                                      "or a saved tcal hybrid directory")
-    keep: str = arg("uniform:25%", "shapes only: layers kept as attention in the hybrid, a list like 0,4,8, "
-                                   "uniform:K (K a count or a percentage) or auto")
+    keep: str | None = arg(None, f"shapes only: layers kept as attention in the hybrid, a list like 0,4,8, "
+                                 f"uniform:K (K a count or a percentage) or auto; default {SHAPE_KEEP} (a saved "
+                                 f"hybrid keeps its own)")
     contexts: str = arg("2048,8192,32768", "prompt lengths in tokens, comma-separated")
     rows: str = arg("teacher-eager,hybrid-eager,teacher-fast,hybrid-fast",
                     "comma list of: teacher-eager / hybrid-eager (HF forward + DynamicCache), teacher-compiled "
@@ -69,6 +72,7 @@ class Plan:
     batch_sizes: list  # ints and "max"
     shape: str | None  # a shape name, or None for a saved hybrid directory
     device: str
+    keep: str | None = None  # a shape's keep spec; None for a saved hybrid (it keeps its own layers)
 
 
 def _ints(spec: str, flag: str, example: str, allow=()) -> list:
@@ -163,17 +167,86 @@ def plan(cfg: BenchConfig) -> Plan:
         flag = "--batch-context" if longest not in contexts else "--contexts"
         raise TcalError(f"{flag} {longest} is beyond {cfg.model}'s max_position_embeddings {limit}; use "
                         f"contexts up to {limit}")
+    keep = None
+    if shape is None and cfg.keep is not None:
+        kept = [i for i, t in enumerate(values.get("layer_types") or []) if t != "linear_attention"]
+        raise TcalError(f"--keep picks a shape's attention layers; the saved hybrid {cfg.model} keeps its own "
+                        f"(attention at {kept}): drop --keep (tcal convert --keep makes a hybrid with other layers)")
     if shape is not None:
+        keep = SHAPE_KEEP if cfg.keep is None else cfg.keep
         layers = cfg.num_layers or values["num_hidden_layers"]
-        pol = parse_policy(resolve_auto(cfg.keep, values.get("layer_types")), layers)
+        pol = parse_policy(resolve_auto(keep, values.get("layer_types")), layers)
         if pol.kind not in ("list", "uniform"):
-            raise TcalError(f"--keep {cfg.keep}: a shape has random weights, so layers cannot be scored on text; "
+            raise TcalError(f"--keep {keep}: a shape has random weights, so layers cannot be scored on text; "
                             "use a list like 0,4,8 or uniform:K")
         out_of_range = [i for i in (pol.layers or []) if not 0 <= i < layers]
         if out_of_range:
             raise TcalError(f"--keep layer {out_of_range[0]} does not exist: {cfg.model} has {layers} layers "
                             f"(0-{layers - 1})")
-    return Plan(rows, contexts, batch_sizes, shape, device)
+    checked = [r for r in rows if r in LLAMA_CPP_ROWS or r.endswith("-fast") or r == "generate"]
+    base = _teacher_config(cfg, shape) if checked else None
+    for row in checked:  # every row runs, or none is timed
+        why = row_blocker(row, base, saved=shape is None)
+        if why:
+            raise TcalError(f"row {row} cannot run {cfg.model}: {why}; drop {row} from --rows")
+    return Plan(rows, contexts, batch_sizes, shape, device, keep)
+
+
+def _teacher_config(cfg: BenchConfig, shape: str | None):
+    """The transformers config of the teacher: the shape's, or the saved hybrid's base config."""
+    from transformers import AutoConfig
+
+    from tcal.models.shapes import shape_config
+
+    if shape is not None:
+        return shape_config(shape, num_layers=cfg.num_layers)
+    return AutoConfig.from_pretrained(cfg.model).teacher_config()
+
+
+def row_blocker(row: str, base, *, saved: bool) -> str | None:
+    """Why ``row`` cannot run on a model whose teacher config is ``base`` (one line), or None, as far as the config
+    tells; ``saved``: a saved hybrid (its eps is its own), else a shape (converted here for the layout it fits).
+    The weights of a saved hybrid are checked for the llama.cpp layout once loaded (:func:`check_rows_on_weights`)."""
+    from tcal.conversion.target import LAYOUT_EPS, layout_blocker
+    from tcal.export.gguf import TEACHER_ARCHS
+    from tcal.models.fast import SUPPORTED_FAMILIES
+
+    family = base.model_type
+    if row not in LLAMA_CPP_ROWS:
+        if family not in SUPPORTED_FAMILIES:
+            return f"FastDecoder runs {', '.join(SUPPORTED_FAMILIES)} models, not {family!r}"
+        return None
+    rope_type = dict(getattr(base, "rope_parameters", None) or {}).get("rope_type", "default")
+    if row == "teacher-llama.cpp":
+        if family not in TEACHER_ARCHS:
+            return f"tcal writes llama.cpp GGUFs of {', '.join(TEACHER_ARCHS)} teachers, not {family!r}"
+        if rope_type != "default":
+            return f"the teacher's RoPE is {rope_type!r}; tcal writes GGUFs with plain RoPE only"
+        return None
+    why = layout_blocker(base)
+    if why:
+        return (f"{why}; llama.cpp runs a tcal hybrid only in that layout, and this one runs where tcal is "
+                "imported (the eager, fast and generate rows)")
+    if rope_type != "default":
+        return f"the teacher's RoPE is {rope_type!r}; llama.cpp's qwen35 applies no RoPE scaling"
+    if saved and base.rms_norm_eps != LAYOUT_EPS:
+        return (f"the hybrid's RMSNorm eps is {base.rms_norm_eps:g}; llama.cpp would l2-normalise its GDN q and k "
+                f"with it where the hybrid uses {LAYOUT_EPS:g} (convert with --target qwen3_5)")
+    return None
+
+
+def check_rows_on_weights(p: Plan, hybrid) -> None:
+    """What the config cannot tell: whether the loaded hybrid's weights fit the layout its llama.cpp row needs
+    (a native hybrid's GDN biases or q/k norms), checked before any row is timed."""
+    if "hybrid-llama.cpp" not in p.rows or hybrid is None:
+        return
+    from tcal.export.qwen3_5 import check_layout
+
+    try:
+        check_layout(hybrid, "gguf")
+    except TcalError as e:
+        raise TcalError(f"row hybrid-llama.cpp cannot run this hybrid: {e}, or drop hybrid-llama.cpp from --rows") \
+            from None
 
 
 def build_models(cfg: BenchConfig, p: Plan) -> tuple:
@@ -195,7 +268,7 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
     if p.shape is not None:
         teacher = random_model(p.shape, dtype=dtype, device=p.device, attn_implementation="sdpa",
                                num_layers=cfg.num_layers)
-        keep = select_layers(teacher, cfg.keep, progress=False).layers
+        keep = select_layers(teacher, p.keep, progress=False).layers
         hybrid = convert(teacher, keep=keep, init="copy").eval() if need_hybrid else None
         about = {"kind": "shape", "name": p.shape, "family": teacher.config.model_type,
                  "num_layers": teacher.config.num_hidden_layers, "attention_layers": keep,
@@ -242,7 +315,8 @@ def run(cfg: BenchConfig) -> dict:
         torch.backends.cuda.enable_cudnn_sdp(False)  # flash / memory-efficient SDPA for teacher and hybrid alike
     try:
         teacher, hybrid, about = build_models(cfg, p)
-        settings = {"model": cfg.model, "keep": cfg.keep if p.shape else None, "contexts": p.contexts,
+        check_rows_on_weights(p, hybrid)
+        settings = {"model": cfg.model, "keep": p.keep, "contexts": p.contexts,
                     "rows": p.rows, "decode_tokens": cfg.decode_tokens, "reps": cfg.reps,
                     "batch_sizes": p.batch_sizes, "batch_context": cfg.batch_context, "check": cfg.check,
                     "dtype": cfg.dtype, "gguf_type": cfg.gguf_type, "threads": cfg.threads,

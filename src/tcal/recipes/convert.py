@@ -45,10 +45,9 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep, parse_policy
-
-    # every argument is checked before the teacher loads
     from tcal.conversion.surgery import check_teacher_spec
     from tcal.data.corpora import as_corpus, check_disjoint
+    from tcal.data.overlap import check_no_eval_text
     from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
@@ -56,13 +55,14 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.runtime import peak_memory, resolve_dtype
 
+    # every argument is checked before the teacher loads
     cfg.resolve_calib(cfg.teacher)
     cfg.resolve_eval(default_eval(cfg.teacher))
     check_teacher_spec(cfg.teacher)
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
-    parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
+    policy = parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
     evaluate = cfg.eval.lower() != "none"
     if cfg.kl_recall_frac and not spec.kl:  # asked for by flag; a budget's own mix simply goes unused
         raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
@@ -75,6 +75,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
         eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
+    if spec.calibrated or policy.kind in ("ar", "ga", "niah"):  # these read the calibration text
+        check_no_eval_text(cfg.calib, list(eval_corpora.values()) if evaluate else (), role="calibration data")
     device, dtype = world.device, resolve_dtype(cfg.dtype)
     budget = cfg.budget(device)
     t0 = time.perf_counter()

@@ -101,6 +101,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     import torch
 
     from tcal.data.corpora import check_disjoint
+    from tcal.data.overlap import check_no_eval_text
     from tcal.data.streams import eval_windows_for, load_token_stream
     from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_tokenizer_dir
@@ -126,6 +127,9 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
             return done
     out = check_out(cfg.out, "distill", cfg.overwrite)
     check_disjoint(cfg.data, cfg.eval)
+    # a pool or a .npy file holds token ids (a pool's text was checked when it was built)
+    check_no_eval_text(cfg.data, [cfg.eval] + ([cfg.eval_passkey_haystack] if cfg.eval_passkey.strip() else []),
+                       role="training data")
     resuming = cfg.resume and has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")

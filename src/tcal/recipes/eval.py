@@ -136,6 +136,8 @@ def run_retrieval(cfg: EvalConfig) -> dict:
         lengths = [int(n) for n in cfg.lengths.split(",") if n.strip()]
     except ValueError:
         raise TcalError(f"--lengths must be whole numbers of tokens like 512,1024, got {cfg.lengths!r}") from None
+    if not lengths:
+        raise TcalError("--lengths is empty; give context lengths in tokens, e.g. --lengths 512,1024")
     if cfg.samples < 1:
         raise TcalError(f"--samples must be at least 1, got {cfg.samples}")
     cfg.batch_size = 4 if cfg.batch_size is None else cfg.batch_size

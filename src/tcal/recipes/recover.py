@@ -67,6 +67,7 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     from tcal.conversion.inits import get_init, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import check_disjoint
+    from tcal.data.overlap import check_no_eval_text
     from tcal.train import distributed as D
     from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import check_out
@@ -95,6 +96,9 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
         cfg.check_calib()
     check_disjoint(cfg.data, cfg.eval)
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
+    check_no_eval_text(cfg.data, [cfg.eval], role="training data")  # a pool or a .npy file holds token ids, not text
+    if any(get_init(i).calibrated for i in inits):
+        check_no_eval_text(cfg.calib, [cfg.eval], role="calibration data")
     work = partial_dir(out)
     D.on_main(world, lambda: _open_work(cfg, work))
     return inits, keep, work

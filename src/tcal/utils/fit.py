@@ -52,13 +52,15 @@ class FitRules:
     reset: str = "optimizer"
 
     def __post_init__(self):
-        if self.eval_every < 1 or self.tokens_per_step < 1 or self.eval_early < 0:
-            raise TcalError("a fit's eval_every and tokens_per_step must be >= 1 and eval_early >= 0")
+        for name, least in (("eval_every", 1), ("tokens_per_step", 1), ("eval_early", 0)):
+            if getattr(self, name) < least:
+                raise TcalError(f"a fit's {name} must be >= {least}, got {getattr(self, name)}")
         if self.patience is not None and self.patience < 1:
             raise TcalError(f"a fit's patience must be >= 1 checks (or None), got {self.patience}")
-        if self.on_nonfinite not in NONFINITE or self.reset not in RESETS:
-            raise TcalError(f"a fit's on_nonfinite must be one of {', '.join(NONFINITE)} and reset one of "
-                            f"{', '.join(RESETS)}; got {self.on_nonfinite!r}, {self.reset!r}")
+        if self.on_nonfinite not in NONFINITE:
+            raise TcalError(f"a fit's on_nonfinite must be one of {', '.join(NONFINITE)}, got {self.on_nonfinite!r}")
+        if self.reset not in RESETS:
+            raise TcalError(f"a fit's reset must be one of {', '.join(RESETS)}, got {self.reset!r}")
 
     @property
     def steps(self) -> int:

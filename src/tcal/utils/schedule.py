@@ -43,8 +43,10 @@ class Schedule:
     def __post_init__(self):
         if self.kind not in SCHEDULES:
             raise TcalError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.kind!r}")
-        if self.steps < 0 or self.warmup < 0:
-            raise TcalError(f"schedule steps and warm-up must be >= 0, got {self.steps} and {self.warmup}")
+        if self.steps < 0:
+            raise TcalError(f"schedule steps must be >= 0, got {self.steps}")
+        if self.warmup < 0:
+            raise TcalError(f"schedule warm-up must be >= 0, got {self.warmup}")
 
     def lr(self, step: int, peak: float = 1.0) -> float:
         """The learning rate of update ``step`` (0-based) for a peak of ``peak`` (1: the factor on a base rate)."""
