@@ -55,9 +55,9 @@ def _vocab(cfg: ExportConfig, src: Path, tokenizer):
         return vocab.from_gguf(cfg.gguf_vocab)
     teacher = _teacher_spec(src)
     if teacher:
-        from tcal.data.teachers import _GGUF_BUILTINS
+        from tcal.data.teacher_table import TEACHERS
 
-        if teacher in _GGUF_BUILTINS:
+        if teacher in TEACHERS:
             return vocab.from_gguf(builtin_gguf_path(teacher))
         if teacher.lower().endswith(".gguf") and path_exists(teacher):
             return vocab.from_gguf(teacher)
