@@ -237,3 +237,19 @@ def test_a_tokenizer_that_splits_words_into_characters_is_refused():
     tok = PreTrainedTokenizerFast(tokenizer_object=chars, unk_token="<unk>")
     with pytest.raises(TcalError, match=r"splits a 55-character sentence into 55 tokens .*chars.gguf.tokenizer/"):
         check_tokenizer_merges(tok, "chars.gguf")
+
+
+def test_auto_text_is_the_teachers_own():
+    from tcal.data.teacher_table import default_calib, default_eval
+    from tcal.taylor.budget import CalibArgs
+
+    assert default_calib("smollm2-135m") == "wiki:calib+shakespeare:calib" and default_eval("smollm2-135m")[0] == "wiki:eval"
+    assert default_calib("qwen2.5-coder-1.5b") == "code:calib+wiki:calib"
+    assert default_eval("qwen2.5-coder-0.5b") == ["code:eval", "wiki:eval"]
+    assert default_calib("/some/local/model") == "wiki:calib+shakespeare:calib"  # not built in: the prose default
+    args = CalibArgs()
+    args.resolve_calib("qwen2.5-coder-0.5b")
+    assert args.calib == "code:calib+wiki:calib"
+    mine = CalibArgs(calib="code:calib")
+    mine.resolve_calib("qwen2.5-coder-0.5b")
+    assert mine.calib == "code:calib"

@@ -93,7 +93,7 @@ def test_recover_config_maps_to_cli_flags_and_checks_arguments(tmp_path):
     p = argparse.ArgumentParser()
     add_dataclass_args(p, RecoverConfig)
     cfg = from_args(RecoverConfig, p.parse_args(["--inits", "copy,taylor", "--keep", "0,4"]))
-    assert cfg.schedule == "constant" and cfg.inits == "copy,taylor" and cfg.calib == "wiki:calib+shakespeare:calib"
+    assert cfg.schedule == "constant" and cfg.inits == "copy,taylor" and cfg.calib == "auto"
     assert (cfg.calib_window, cfg.calib_windows, cfg.eval_every) == (512, 32, 500_000)
     for over, message in (({"keep": "uniform:2"}, "is not a list of layer indices"),
                           ({"inits": "copy,copy"}, "lists an init twice"),

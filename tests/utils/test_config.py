@@ -49,7 +49,12 @@ def test_shared_field_groups():
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
     assert names(TeacherArgs) == ["teacher"] and TeacherArgs().teacher == "smollm2-135m"
     assert names(DeviceArgs) == ["device"] and DeviceArgs().device == "auto"
-    assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "wiki:eval"
+    assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "auto"
+    home, every, given = EvalArgs(), EvalArgs(), EvalArgs(eval="sotu:eval")
+    home.resolve_eval(["code:eval", "wiki:eval"])
+    every.resolve_eval(["code:eval", "wiki:eval"], every=True)
+    given.resolve_eval(["code:eval"])
+    assert (home.eval, every.eval, given.eval) == ("code:eval", "code:eval,wiki:eval", "sotu:eval")
     assert names(GDNArgs) == ["use_short_conv", "output_gate"]
     assert (GDNArgs().use_short_conv, GDNArgs().output_gate) == (False, True)
     _, ns = parse(GDNArgs, ["--use-short-conv", "--no-output-gate"])

@@ -134,11 +134,12 @@ def _run(cfg: ConvertConfig, world) -> Path:
 
 def kl_summary(detail) -> dict | None:
     """What the KL stage did (None where the init has none): steps run, the step kept, held-out KL before and
-    after, whether the teacher's hidden states were cached."""
+    after and at every check ((step, KL) pairs), whether the teacher's hidden states were cached."""
     kl = detail.get("kl") if isinstance(detail, dict) else None
     if not kl:
         return None
-    return {k: kl[k] for k in ("steps_run", "best_step", "heldout_kl_before", "heldout_kl", "teacher_cached", "wall_s")}
+    return {k: kl.get(k) for k in ("steps_run", "best_step", "heldout_kl_before", "heldout_kl", "heldout_curve",
+                                   "teacher_cached", "wall_s")}
 
 
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:

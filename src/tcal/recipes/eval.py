@@ -374,7 +374,7 @@ def run_humaneval(cfg: EvalConfig) -> dict:
     t0 = time.perf_counter()
     try:
         # answers in chunks, each kept once generated: an interrupted run loses at most one chunk
-        step = batch * 4 if cfg.engine == "tcal" else 16
+        step = batch if cfg.engine == "tcal" else 8
         for s in range(0, len(todo), step):
             chunk = todo[s:s + step]
             if cfg.engine == "tcal":
