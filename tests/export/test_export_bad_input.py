@@ -140,7 +140,7 @@ def test_an_engine_that_cannot_run_the_hybrid(tmp_path, capsys, hybrid_dir):
               tmp_path / "x", "--engines", "llama.cpp", out=tmp_path / "x")
     code, err = run(capsys, hybrid_dir, "--out", tmp_path / "w", "--no-check")
     assert code == 0 and err.count("tcal: SGLang cannot run this export: ") == 1, err
-    assert "| SGLang | SGLang 0.5.17-0.5.23 (read: 0.5.23) | cannot |" in (tmp_path / "w" / "export.md").read_text()
+    assert "| SGLang | SGLang 0.5.17-0.5.23 (read: 0.5.17, 0.5.23) | cannot |" in (tmp_path / "w" / "export.md").read_text()
     # a qwen2 hybrid: vLLM runs its biases through qkv_bias, SGLang has none
     biased, _ = target_hybrid("qwen2", num_hidden_layers=4, keep=(1, 3))
     biased.save_pretrained(tmp_path / "b")

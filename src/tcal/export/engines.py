@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from tcal.conversion.policy import interval_layers
 
 EXACT, ROUNDING, CANNOT = "exactly", "with rounding", "cannot"
-VLLM_VERSIONS = "vLLM 0.27.0-0.34.0 (read: 0.34.0)"
-SGLANG_VERSIONS = "SGLang 0.5.17-0.5.23 (read: 0.5.23)"
+VLLM_VERSIONS = "vLLM 0.27.0-0.34.0 (read: 0.27.0, 0.34.0)"
+SGLANG_VERSIONS = "SGLang 0.5.17-0.5.23 (read: 0.5.17, 0.5.23)"
 # the GDN head size FlashInfer's Hopper (SM90) prefill kernel takes (flashinfer/gdn_kernels/delta_rule_dsl/
 # delta_rule_sm90.py: "DSL kernel only supports D=128")
 FLASHINFER_SM90_HEAD = 128
