@@ -10,7 +10,6 @@ the engine table can say how much that rounding costs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from dataclasses import dataclass
 
@@ -103,17 +102,20 @@ F32 = 0  # ggml's type id of float32
 @contextlib.contextmanager
 def quiet_llama_cpp():
     """llama.cpp's own log lines off (its quantiser logs every tensor, its loader warns about a vocabulary-only
-    load's missing context length); tcal reports what it did itself. llama-cpp-python prints llama.cpp's lines at
-    or above its logger's level, and its map of llama.cpp's levels predates llama.cpp's own (warnings arrive as
-    errors), so the logger is raised past every level."""
+    load's missing context length); tcal reports what it did itself. llama-cpp-python's callback cannot be
+    quietened by its logger's level (``Llama()`` resets that level, and its map of llama.cpp's levels predates
+    llama.cpp's own: warnings arrive as errors), so a silent callback stands in for it meanwhile."""
+    import ctypes
+
+    import llama_cpp
     from llama_cpp import _logger
 
-    level = _logger.logger.level
-    _logger.logger.setLevel(logging.CRITICAL + 1)
+    silent = llama_cpp.llama_log_callback(lambda level, text, user_data: None)  # referenced until restored
+    llama_cpp.llama_log_set(silent, ctypes.c_void_p(0))
     try:
         yield
     finally:
-        _logger.logger.setLevel(level)
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
 def load_gguf(path, n_ctx: int, *, vocab_only: bool = False, logits_all: bool = True):
