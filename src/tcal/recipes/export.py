@@ -223,7 +223,8 @@ def run(cfg: ExportConfig) -> Path:
         table = engines.engine_table(layout, fmt, kind, record.get("check"))
         record["engines"] = engines.table_record(table)
         write_json(tmp / "export.json", record)
-        write_json(tmp / "tcal_config.json", {"stage": "export", **dataclasses.asdict(cfg)})
+        resolved = {"dtype": kind, "gguf_type": ""} if fmt == "hf" else {"dtype": "", "gguf_type": kind}
+        write_json(tmp / "tcal_config.json", {"stage": "export", **dataclasses.asdict(cfg), **resolved})
         (tmp / "export.md").write_text(export_markdown(cfg, record, table))
     chk = record.get("check")
     print(f"wrote {cfg.out}: {fmt} ({kind}), {record['layer_types'].count('linear_attention')} GDN layers; "
