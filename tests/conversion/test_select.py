@@ -29,7 +29,7 @@ def test_parse_policy_forms():
     assert parse_policy("ga:50%", 30).k == 15
     assert parse_policy([np.int64(2), np.int64(0)], 30).layers == [2, 0]  # numpy / torch integers are integers
     assert parse_policy([torch.tensor(1)], 30).layers == [1]
-    assert POLICIES == ("uniform", "ar", "ga", "niah")
+    assert POLICIES == ("uniform", "interval", "ar", "ga", "niah")
     assert parse_policy("niah:4", 30).kind == "niah"
 
 

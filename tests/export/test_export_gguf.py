@@ -93,9 +93,10 @@ def test_gguf_placement_keys(tmp_path, capsys):
     assert r.fields["general.architecture"].contents() == "qwen35"
     assert r.fields["qwen35.attention.recurrent_layers"].contents() == [i not in (0, 2) for i in range(8)]
     assert "qwen35.full_attention_interval" not in r.fields
-    from tcal.export.gguf import _periodic_interval
-
-    assert _periodic_interval([True, True, True, False] * 2) == 4 and _periodic_interval([False, True] * 2) is None
+    periodic = target_hybrid("llama", num_hidden_layers=8, keep=(3, 7))[0]  # Qwen's own placement, interval 4
+    assert export(tmp_path, capsys, periodic, "--gguf-type", "f32", name="periodic")[0] == 0
+    r = gguf.GGUFReader(str(tmp_path / "periodic" / "model-f32.gguf"))
+    assert r.fields["qwen35.full_attention_interval"].contents() == 4
 
 
 def byte_bpe_tokenizer(vocab_size=320):
@@ -156,3 +157,37 @@ def test_gguf_bad_input(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
     one_error("pip install 'tcal[gguf]'", hybrid)
     assert export(tmp_path, capsys, hybrid, "--no-check")[0] == 0  # writing needs only the gguf package
+
+
+def test_4bit_gguf_keeps_the_tensors_the_layout_needs(tmp_path, capsys):
+    """q4_k_m and q4_0 are llama.cpp's quantiser on the f16 file: the scaled attention q/k weights stay bf16 (a 4-bit
+    block's f16 scale flushes 2^-k W to zero, which the quantiser does to them when not told otherwise) and the
+    gates and conv f32; llama.cpp loads and runs the file. How much 4 bits cost is measured on the real hybrid
+    (docs/results.md): a tiny random model says nothing about it."""
+    from gguf.quants import dequantize
+
+    from tcal.export.gguf import quantise, write_gguf
+    from tcal.export.qwen3_5 import to_qwen3_5
+    from tcal.export.vocab import no_vocab
+
+    hybrid, _ = target_hybrid("llama", hidden_size=256, intermediate_size=512)
+    layout = to_qwen3_5(hybrid)
+    scaled_q = layout.state_dict["model.layers.0.self_attn.q_proj.weight"]
+    ids = torch.randint(0, 97, (48,), generator=torch.Generator().manual_seed(8)).tolist()
+    for kind, quant in (("q4_k_m", {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}), ("q4_0", {"Q4_0", "Q6_K", "Q8_0"})):
+        code, err = export(tmp_path, capsys, hybrid, "--gguf-type", kind, "--no-check", name=kind)
+        assert code == 0, err
+        path = tmp_path / kind / f"model-{kind}.gguf"
+        types = json.loads((tmp_path / kind / "export.json").read_text())["tensor_types"]
+        assert types["blk.0.attn_q.weight"] == types["blk.0.attn_k.weight"] == "BF16"
+        assert {types[f"blk.1.{n}.weight"] for n in ("ssm_alpha", "ssm_beta", "ssm_conv1d", "ssm_norm")} == {"F32"}
+        assert {types[f"blk.1.{n}.weight"] for n in ("attn_qkv", "attn_gate", "ssm_out", "ffn_up")} <= quant
+        t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.attn_q.weight")
+        stored = torch.from_numpy(dequantize(t.data, t.tensor_type).astype(np.float32)).reshape(scaled_q.shape)
+        assert_close(stored, scaled_q, 1e-2, f"{kind} scaled q weights")  # bf16's rounding, not zeros
+        assert torch.isfinite(gguf_logits(path, ids)).all()
+    # what the kept types prevent: the quantiser left to itself flushes the scaled q weights
+    write_gguf(tmp_path / "f16.gguf", layout.config, layout.state_dict, no_vocab(), "f16", scaled=layout.scaled)
+    quantise(tmp_path / "f16.gguf", tmp_path / "plain.gguf", "q4_0", {})
+    t = next(t for t in gguf.GGUFReader(str(tmp_path / "plain.gguf")).tensors if t.name == "blk.0.attn_q.weight")
+    assert t.tensor_type.name == "Q4_0" and not np.any(dequantize(t.data, t.tensor_type))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from helpers import assert_close, target_hybrid, tiny_teacher, word_tokenizer
+from helpers import TINY, assert_close, target_hybrid, tiny_teacher, word_tokenizer
 
 import tcal
 from tcal.cli import main
@@ -27,6 +27,11 @@ torch.save({"logits": logits, "tokens": tokens, "class": type(model).__name__,
 """
 
 
+def vocab_tokenizer():
+    """A word tokenizer with as many tokens as the tiny hybrids' embedding rows (an hf export carries one)."""
+    return word_tokenizer([f"w{i}" for i in range(TINY["vocab_size"] - 2)])
+
+
 def export(capsys, *argv):
     code = main([str(a) for a in argv])
     err = capsys.readouterr().err
@@ -37,11 +42,21 @@ def export(capsys, *argv):
 def test_hf_export_loads_without_tcal(tmp_path, capsys, family):
     hybrid, _ = target_hybrid(family, short_conv=family == "llama")
     hybrid.save_pretrained(tmp_path / "hybrid")
+    vocab_tokenizer().save_pretrained(tmp_path / "hybrid")
     code, err = export(capsys, "export", tmp_path / "hybrid", "--out", tmp_path / "exp")
     assert code == 0, err
     cfg = json.loads((tmp_path / "exp" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
-    assert json.loads((tmp_path / "exp" / "export.json").read_text())["check"]["rel_err"] <= 1e-5
+    # what vLLM and SGLang read besides transformers' keys (tests/export/test_engine_configs.py runs their code on it)
+    assert cfg["qkv_bias"] == cfg["attention_bias"] == (family == "qwen2") and cfg["mamba_ssm_dtype"] == "float32"
+    assert cfg["partial_rotary_factor"] == cfg["rope_parameters"]["partial_rotary_factor"] == 1.0
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]
+    assert "full_attention_interval" not in cfg  # attention at 0 and 2 of 4 layers: not a periodic placement
+    rec = json.loads((tmp_path / "exp" / "export.json").read_text())
+    assert rec["check"]["rel_err"] <= 1e-5 and rec["check"]["tokenizer"] == "same ids"
+    assert rec["check"]["bf16_rel_err"] > 1e-4  # bfloat16 compute rounds; measured, not assumed
+    runs = {e["engine"]: e["runs"] for e in rec["engines"]}
+    assert runs == {"transformers": "exactly", "vLLM": "with rounding", "SGLang": "cannot"}
     ids = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(2))
     torch.save(ids, tmp_path / "ids.pt")
     subprocess.run([sys.executable, "-c", WITHOUT_TCAL, tmp_path / "exp", tmp_path / "ids.pt", tmp_path / "got.pt"],
@@ -95,9 +110,13 @@ def test_export_bad_input(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
     hybrid, _ = target_hybrid("llama")
     hybrid.save_pretrained(tmp_path / "h")
+    vocab_tokenizer().save_pretrained(tmp_path / "h")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     one_error("holds files tcal did not write", tmp_path / "h", "--out", tmp_path / "taken")
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
+    one_error("--dtype float16 cannot hold the linearised attention q/k norms", tmp_path / "h", "--out",
+              tmp_path / "b", "--dtype", "float16")
     with pytest.raises(SystemExit):
-        main(["export", str(tmp_path / "h"), "--out", str(tmp_path / "b"), "--dtype", "float16"])
+        main(["export", str(tmp_path / "h"), "--out", str(tmp_path / "b"), "--gguf-type", "q3_k"])
+    assert not (tmp_path / "b").exists()

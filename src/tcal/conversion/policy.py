@@ -2,6 +2,8 @@
 
     0,4,8         explicit list
     uniform:K     K layers evenly spaced, layer 0 always kept
+    interval:K    attention last in every K layers: layer i is kept when (i + 1) % K == 0 (Qwen3.5's own placement,
+                  the only one SGLang runs); K is the period, a whole number of at least 2
     ar:K          attention removal (scored by tcal.conversion.select)
     ga:K          one-attention students (scored by tcal.conversion.select)
     niah:K        attention removal scored by retrieval (scored by tcal.conversion.select)
@@ -19,10 +21,12 @@ from dataclasses import dataclass
 
 from tcal.utils.errors import TcalError
 
-POLICIES = ("uniform", "ar", "ga", "niah")
+POLICIES = ("uniform", "interval", "ar", "ga", "niah")
 AUTO = "auto"
+INTERVAL = "interval"
 KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +
-             ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%), scoped to one layer "
+             ", ".join(f"{p}:K" for p in POLICIES) + " (K a count or a percentage like 50%; for interval the "
+             "period: layer i is kept when (i + 1) % K == 0, the placement SGLang runs), scoped to one layer "
              "type with @sliding or @full; auto = uniform:50%, or uniform:50%@sliding on a teacher with "
              "sliding-window and global layers (Gemma 3)")
 # @scope -> the layer type (transformers' config.layer_types) a scoped policy converts
@@ -33,7 +37,7 @@ SCOPES = {"sliding": "sliding_attention", "local": "sliding_attention", "full": 
 @dataclass
 class Policy:
     kind: str  # "list" or one of POLICIES
-    k: int
+    k: int  # the number of layers kept; for "interval", the period
     layers: list[int] | None = None  # for "list"
     scope: str | None = None  # a layer type of SCOPES: only layers of it are converted, K counts among them
 
@@ -127,6 +131,8 @@ def parse_policy(spec, num_layers: int | None) -> Policy:
             f"unknown keep policy {spec!r}; use a list like 0,4,8, {AUTO}, or one of "
             f"{', '.join(p + ':K' for p in POLICIES)} (K a count or a percentage like 25%)"
         )
+    if kind == INTERVAL:
+        return _interval_policy(spec, count, scope, num_layers)
     try:
         percent = float(count[:-1]) if count.endswith("%") else None
         k = int(count) if percent is None else 0
@@ -151,6 +157,34 @@ def parse_policy(spec, num_layers: int | None) -> Policy:
         raise TcalError(f"keep policy {spec!r} keeps {k} of {num_layers}{among} layers: nothing would be converted; "
                         f"K must be below {num_layers}")
     return Policy(kind, k, scope=scope)
+
+
+def _interval_policy(spec: str, count: str, scope: str | None, num_layers: int | None) -> Policy:
+    """interval:K -> Policy("interval", K): a whole period of at least 2 that keeps at least one layer."""
+    if scope is not None:
+        raise TcalError(f"keep policy {spec!r}: interval:K places attention by layer index (layer i is kept when "
+                        "(i + 1) % K == 0); it takes no @ scope")
+    if not count.isdigit():
+        raise TcalError(f"keep policy {spec!r}: K is the period of the placement, a whole number like interval:4 "
+                        f"(attention in every 4th layer), got {count!r}")
+    k = int(count)
+    if k < 2:
+        raise TcalError(f"keep policy {spec!r} keeps every layer: nothing would be converted; K must be at least 2")
+    if num_layers is not None and k > num_layers:
+        raise TcalError(f"keep policy {spec!r} keeps no layer of {num_layers}: K must be at most {num_layers} "
+                        f"(interval:{num_layers} keeps the last layer only)")
+    return Policy(INTERVAL, k)
+
+
+def interval_layers(period: int, num_layers: int) -> list[int]:
+    """The layers Qwen3.5's periodic placement keeps as attention: i with (i + 1) % period == 0."""
+    return [i for i in range(num_layers) if (i + 1) % period == 0]
+
+
+def periodic_interval(layers: list[int], num_layers: int) -> int | None:
+    """The period K of ``layers`` if they are exactly interval_layers(K, num_layers), else None."""
+    want = sorted(layers)
+    return next((k for k in range(2, num_layers + 1) if interval_layers(k, num_layers) == want), None)
 
 
 def layer_index(i) -> int:

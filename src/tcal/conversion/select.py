@@ -27,7 +27,15 @@ from tqdm import tqdm
 
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
-from tcal.conversion.policy import parse_policy, policy_scope, resolve_auto, scope_layers, top_k, uniform_layers
+from tcal.conversion.policy import (
+    interval_layers,
+    parse_policy,
+    policy_scope,
+    resolve_auto,
+    scope_layers,
+    top_k,
+    uniform_layers,
+)
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
 from tcal.data.overlap import check_no_eval_text
@@ -234,6 +242,8 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         return Selection("list", sorted(pol.layers))
     if pol.kind == "uniform":
         return Selection(label, keep_of([cands[i] for i in uniform_layers(pol.k, len(cands))]))
+    if pol.kind == "interval":  # unscoped: cands is every layer
+        return Selection(label, interval_layers(pol.k, L))
     if tokenizer is None:
         raise TcalError(f"keep policy {pol.kind}:{pol.k} scores layers on text: pass the teacher's tokenizer")
     extra = {}

@@ -8,23 +8,31 @@ filter as (channels, width); the per-layer ``attention.recurrent_layers`` array,
 
 Tensor types (``FILE_TYPES``): 1-D tensors, the conv filter and the small gate projections (``ssm_alpha``,
 ``ssm_beta``) stay f32; the attention q/k weights that carry a linearised norm's power-of-two scale are bf16 in
-f16 and q8_0 files (fp16 and q8_0's f16 block scales flush them to zero; bf16 holds 2^-k W as exactly as W);
-everything else takes the file's type (q8_0 where a row is a whole number of 32-value blocks, f16 otherwise).
+f16 and quantised files (fp16 and the quantised types' f16 block scales flush them to zero; bf16 holds 2^-k W as
+exactly as W); everything else takes the file's type (q8_0 where a row is a whole number of 32-value blocks, f16
+otherwise). The 4-bit types (``QUANTISED``) are llama.cpp's own quantiser applied to the f16 file, with those
+tensors kept as they are and llama.cpp's mix for the rest (q4_k_m: some tensors at 6 bits; a type whose block
+does not divide a row falls back to one that does).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tcal.export.vocab import GGUFVocab
+from tcal.conversion.policy import periodic_interval
+from tcal.export.check import quiet_llama_cpp
+from tcal.export.vocab import GGUFVocab, check_rows
 from tcal.utils.errors import TcalError
 
 ARCH = "qwen35"
-FILE_TYPES = ("f32", "f16", "bf16", "q8_0")
+# 4-bit types: llama.cpp's llama_ftype of each (llama.h), made by its quantiser from the f16 file
+QUANTISED = {"q4_0": 2, "q4_k_m": 15}
+FILE_TYPES = ("f32", "f16", "bf16", "q8_0", *QUANTISED)
 
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -66,14 +74,6 @@ def gguf_name(name: str) -> str:
     if parts[:2] == ["model", "layers"] and len(parts) == 4 and parts[3] in _LAYER_NAMES:
         return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
     raise TcalError(f"{name}: llama.cpp's qwen35 has no tensor for it; export --format hf instead")
-
-
-def _periodic_interval(recurrent: list[bool]) -> int | None:
-    """k where layer i is recurrent exactly when (i + 1) % k != 0 (the placement Qwen's own models use)."""
-    for k in range(2, len(recurrent) + 1):
-        if all(r == bool((i + 1) % k) for i, r in enumerate(recurrent)):
-            return k
-    return None
 
 
 def _tensor_type(gname: str, t: torch.Tensor, file_type: str, scaled: bool):
@@ -132,6 +132,10 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
 
     if file_type not in FILE_TYPES:
         raise TcalError(f"unknown GGUF type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    if file_type in QUANTISED:
+        raise TcalError(f"write_gguf writes {', '.join(t for t in FILE_TYPES if t not in QUANTISED)}; {file_type} is "
+                        "llama.cpp's quantiser applied to an f16 file (export_gguf does both)")
+    check_rows(vocab, config["vocab_size"])
     rope = config["rope_parameters"]
     if rope.get("rope_type", "default") != "default":
         raise TcalError(f"the teacher's RoPE is {rope['rope_type']!r}; llama.cpp's qwen35 applies no RoPE scaling: "
@@ -163,7 +167,7 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
     w.add_ssm_time_step_rank(config["linear_num_value_heads"])
     w.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
     w.add_array(f"{ARCH}.attention.recurrent_layers", recurrent)
-    interval = _periodic_interval(recurrent)
+    interval = periodic_interval([i for i, r in enumerate(recurrent) if not r], L)
     if interval:
         w.add_full_attention_interval(interval)
     w.add_uint32(f"{ARCH}.vocab_size", config["vocab_size"])
@@ -192,6 +196,42 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
     return types
 
 
+def _keep_patterns(types: dict[str, str]) -> dict[str, str]:
+    """{llama.cpp tensor-name regex: type} for the quantiser: every tensor of the f16 file that is not f16 (the
+    scaled q/k weights in bf16, the small gate projections and the conv in f32) stays as it is."""
+    return {f"^{n.replace('.', '[.]')}$": t for n, t in types.items() if t != "F16"}
+
+
+def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads: int | None = None) -> None:
+    """llama.cpp's quantiser (``llama_model_quantize``) from the GGUF ``src`` to ``dst`` in ``file_type``
+    (:data:`QUANTISED`), with the tensors matching a ``keep`` pattern in the type named there."""
+    import ctypes
+
+    import gguf
+
+    from tcal.export.check import llama_cpp
+
+    lc = llama_cpp()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = QUANTISED[file_type]
+    params.nthread = threads or os.cpu_count() or 1
+    overrides = (lc.llama_model_tensor_override * (len(keep) + 1))()  # the quantiser stops at a null pattern
+    for o, (pattern, type_name) in zip(overrides, keep.items()):
+        o.pattern = pattern.encode()
+        o.type = int(gguf.GGMLQuantizationType[type_name])
+    params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(lc.llama_model_tensor_override))
+    lc.llama_backend_init()
+    if lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise TcalError(f"llama.cpp's quantiser failed on {src.name} ({file_type}); export --gguf-type q8_0 instead")
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """{tensor: type name} of a GGUF, as stored."""
+    import gguf
+
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+
 def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = None, *, name: str = "tcal hybrid",
                 progress: bool = False):
     """A tcal hybrid as a GGUF at ``path``; returns
@@ -201,9 +241,20 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
 
     check_layout(model, "gguf")
     layout = to_qwen3_5(model)
-    types = write_gguf(path, layout.config, layout.state_dict, vocab or no_vocab(), file_type, name=name,
-                       scaled=layout.scaled, progress=progress)
-    return layout, types
+    vocab = vocab or no_vocab()
+    if file_type not in QUANTISED:
+        types = write_gguf(path, layout.config, layout.state_dict, vocab, file_type, name=name, scaled=layout.scaled,
+                           progress=progress)
+        return layout, types
+    f16 = path.with_name(f".{path.name}.f16")
+    try:
+        types = write_gguf(f16, layout.config, layout.state_dict, vocab, "f16", name=name, scaled=layout.scaled,
+                           progress=progress)
+        with quiet_llama_cpp():
+            quantise(f16, path, file_type, _keep_patterns(types))
+    finally:
+        f16.unlink(missing_ok=True)
+    return layout, tensor_types(path)
 
 
 # a teacher in llama.cpp's own architecture for its family (the llama.cpp rows of tcal bench time it beside its hybrid)
@@ -227,9 +278,19 @@ def _interleave_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = False) -> dict:
     """A plain Llama / Mistral / Qwen2 / Qwen3 teacher as a GGUF of llama.cpp's architecture for its family, without
-    a tokenizer (token ids only). Returns {tensor: type}."""
+    a tokenizer (token ids only). Returns {tensor: type}. A 4-bit type is llama.cpp's quantiser on the f16 file, as
+    for a hybrid (its f32 tensors kept)."""
     import gguf
 
+    if file_type in QUANTISED:
+        f16 = path.with_name(f".{path.name}.f16")
+        try:
+            types = write_teacher_gguf(teacher, f16, "f16", progress=progress)
+            with quiet_llama_cpp():
+                quantise(f16, path, file_type, _keep_patterns(types))
+        finally:
+            f16.unlink(missing_ok=True)
+        return tensor_types(path)
     cfg = teacher.config
     arch = TEACHER_ARCHS.get(cfg.model_type)
     if arch is None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tcal.conversion.policy import periodic_interval
 from tcal.conversion.target import LAYOUT_EPS, layout_blocker
 from tcal.utils.errors import TcalError
 
@@ -88,10 +89,17 @@ class _Source:
 
 def blocker(model) -> str | None:
     """The first thing that keeps the layout from expressing ``model`` exactly (one line), or None."""
-    src = _Source.of(model)
-    why = layout_blocker(src.base)
-    if why:
-        return why
+    return teacher_blocker(model) or _gdn_blocker(_Source.of(model))
+
+
+def teacher_blocker(model) -> str | None:
+    """Why the layout cannot hold any hybrid of this model's teacher (its family, activation, MLP biases, sliding
+    window: no conversion target changes these), or None."""
+    return layout_blocker(_Source.of(model).base)
+
+
+def _gdn_blocker(src: _Source) -> str | None:
+    """What a hybrid built for tcal's native layout carries that the layout's GDN layers have not."""
     eps = src.base.rms_norm_eps
     for i, gdn in src.gdns.items():
         p = f"model.layers.{i}.self_attn"
@@ -130,9 +138,13 @@ def _attention_bias(src: _Source) -> bool:
 
 
 def _config(src: _Source) -> dict:
-    """``Qwen3_5TextConfig`` fields of the exported model (``config.json`` of a ``Qwen3_5ForCausalLM``)."""
+    """``Qwen3_5TextConfig`` fields of the exported model (``config.json`` of a ``Qwen3_5ForCausalLM``), and the keys
+    the serving engines read besides (:data:`ENGINE_KEYS`; docs/serving.md says which engine reads which)."""
     base, gdn = src.base, src.gdn_shape
-    return {
+    rope = _rope(base, src.head_dim)
+    bias = _attention_bias(src)
+    interval = periodic_interval(src.attention_layers, len(src.layer_types))
+    config = {
         "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
         "vocab_size": base.vocab_size, "hidden_size": base.hidden_size, "intermediate_size": base.intermediate_size,
         "num_hidden_layers": base.num_hidden_layers, "num_attention_heads": base.num_attention_heads,
@@ -140,13 +152,25 @@ def _config(src: _Source) -> dict:
         "hidden_act": "silu", "max_position_embeddings": base.max_position_embeddings,
         "initializer_range": getattr(base, "initializer_range", 0.02), "rms_norm_eps": base.rms_norm_eps,
         "use_cache": True, "tie_word_embeddings": bool(getattr(base, "tie_word_embeddings", False)),
-        "rope_parameters": _rope(base, src.head_dim), "attention_bias": _attention_bias(src), "attention_dropout": 0.0,
+        "rope_parameters": rope, "attention_bias": bias, "attention_dropout": 0.0,
         "linear_conv_kernel_dim": gdn.conv_size if gdn.use_short_conv else DEFAULT_CONV,
         "linear_key_head_dim": gdn.head_dim, "linear_value_head_dim": gdn.head_dim,
         "linear_num_key_heads": gdn.num_heads, "linear_num_value_heads": gdn.num_heads,
         "layer_types": list(src.layer_types),
         "bos_token_id": base.bos_token_id, "eos_token_id": base.eos_token_id, "pad_token_id": base.pad_token_id,
+        # vLLM: attention q/k/v biases follow qkv_bias (not attention_bias); the GDN state in float32, not the
+        # model's dtype. SGLang: the top-level rotary factor (its default is 0.25) and theta.
+        "qkv_bias": bias, "mamba_ssm_dtype": "float32",
+        "partial_rotary_factor": rope["partial_rotary_factor"], "rope_theta": rope["rope_theta"],
     }
+    if interval:  # SGLang places attention by it alone; written only where it says what layer_types says
+        config["full_attention_interval"] = interval
+    return config
+
+
+# keys of the exported config.json that transformers' Qwen3_5TextConfig does not keep when it saves itself (it folds
+# the top-level rotary factor and theta into rope_parameters); the export writes them back for the engines
+ENGINE_KEYS = ("partial_rotary_factor", "rope_theta", "qkv_bias", "mamba_ssm_dtype", "full_attention_interval")
 
 
 def _gdn_tensors(gdn, prefix: str) -> dict[str, torch.Tensor]:
@@ -265,10 +289,15 @@ def check_layout(model, fmt: str = "hf") -> None:
 
     llama.cpp l2-normalises the GDN's q and k with the model's RMSNorm eps where every other engine, and tcal,
     add 1e-6: a GGUF is the hybrid only when the two agree."""
-    why = blocker(model)
+    why = teacher_blocker(model)
+    if why:
+        raise TcalError(f"the Qwen3.5 layout cannot hold any hybrid of this teacher: {why}. No conversion target "
+                        "changes that: this hybrid runs where tcal is imported (transformers with tcal, tcal's "
+                        "FastDecoder), not in vLLM, SGLang or llama.cpp")
+    src = _Source.of(model)
+    why = _gdn_blocker(src)
     if why:
         raise TcalError(f"the Qwen3.5 layout cannot express this hybrid: {why}; convert with --target qwen3_5")
-    src = _Source.of(model)
     eps = src.base.rms_norm_eps
     if fmt == "gguf" and eps != LAYOUT_EPS:
         raise TcalError(f"the hybrid's RMSNorm eps is {eps:g}; llama.cpp would l2-normalise its GDN q and k with it "

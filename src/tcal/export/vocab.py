@@ -80,8 +80,24 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str:
                     "writes one) to copy its tokenizer")
 
 
-def from_tokenizer(tok) -> GGUFVocab:
-    """The keys llama.cpp reads for a byte-level BPE tokenizer, from a transformers fast tokenizer."""
+def token_count(vocab: GGUFVocab) -> int | None:
+    """How many tokens the keys list (None for a GGUF without a tokenizer)."""
+    return next((len(v) for k, v, _, _ in vocab.keys if k == "tokenizer.ggml.tokens"), None)
+
+
+def check_rows(vocab: GGUFVocab, rows: int) -> None:
+    """llama.cpp sizes the embedding by the tokenizer: a GGUF whose token list and embedding rows differ does not
+    load (or, from another model, would read the wrong rows). A one-line TcalError naming both sizes."""
+    n = token_count(vocab)
+    if n is not None and n != rows:
+        raise TcalError(f"the tokenizer ({vocab.source}) has {n:,} tokens and the hybrid's embedding {rows:,} rows: "
+                        "it is another model's tokenizer; pass --gguf-vocab with a GGUF of the hybrid's teacher")
+
+
+def from_tokenizer(tok, vocab_size: int | None = None) -> GGUFVocab:
+    """The keys llama.cpp reads for a byte-level BPE tokenizer, from a transformers fast tokenizer; the token list
+    padded with unused placeholders up to ``vocab_size`` (the embedding's rows) where the model has more rows than
+    the tokenizer has tokens (Qwen2.5's 151,936 rows for 151,665 tokens)."""
     backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
     if backend is None:
         raise TcalError("the hybrid's tokenizer is not a fast (tokenizers) tokenizer; pass --gguf-vocab with a GGUF "
@@ -97,7 +113,7 @@ def from_tokenizer(tok) -> GGUFVocab:
     added = {a["id"]: a for a in spec.get("added_tokens", [])}
     for i, a in added.items():
         vocab.setdefault(a["content"], i)
-    size = max(vocab.values()) + 1
+    size = max(max(vocab.values()) + 1, vocab_size or 0)
     tokens = [f"[PAD{i}]" for i in range(size)]
     types = [USER_DEFINED] * size  # ids the vocabulary skips stay unused placeholders
     for text, i in vocab.items():
