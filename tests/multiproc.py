@@ -11,6 +11,7 @@ import os
 import pickle
 import socket
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -54,16 +55,48 @@ def _entry(rank: int, fn, world_size: int, port: int, outdir: str, args: tuple, 
         pickle.dump(result, f)
 
 
-def run_ranks(fn, world_size: int = 2, *args, init: bool = True) -> list:
+def run_ranks(fn, world_size: int = 2, *args, init: bool = True, grace_s: float = 300.0) -> list:
     """``fn(world, *args)`` on every rank (``init=False``: ``fn(*args)``, the function joins the group
-    itself, as a recipe does); returns each rank's result or :class:`RankFailed`."""
+    itself, as a recipe does); returns each rank's result or :class:`RankFailed`.
+
+    A rank still running ``grace_s`` seconds after another one ended is killed and reported as a
+    ``RankFailed`` of type ``Hung``: a rank blocked in a collective its peer never joins would otherwise
+    hold the test session for ever."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as outdir:
-        mp.start_processes(_entry, args=(fn, world_size, free_port(), outdir, args, init), nprocs=world_size,
-                           start_method="spawn", join=True)
+        ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), outdir, args, init), nprocs=world_size,
+                                 start_method="spawn", join=False)
+        first_done = None
+        while not _joined(ctx):
+            if first_done is None and any((Path(outdir) / f"rank{r}.pkl").exists() for r in range(world_size)):
+                first_done = time.monotonic()
+            if first_done is not None and time.monotonic() - first_done > grace_s:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in ctx.processes:
+                    p.join()
+                break
         results = []
         for r in range(world_size):
-            with open(Path(outdir) / f"rank{r}.pkl", "rb") as f:
-                results.append(pickle.load(f))
+            path = Path(outdir) / f"rank{r}.pkl"
+            if path.exists():
+                with open(path, "rb") as f:
+                    results.append(pickle.load(f))
+            else:
+                results.append(RankFailed(Hung(f"rank {r} still running {grace_s:.0f} s after another rank ended")))
     return results
+
+
+class Hung(Exception):
+    pass
+
+
+def _joined(ctx) -> bool:
+    from torch.multiprocessing import ProcessExitedException
+
+    try:
+        return ctx.join(timeout=5)
+    except ProcessExitedException:  # killed from outside: its result file is missing
+        return True

@@ -63,6 +63,7 @@ def test_converts_to_the_qwen3_5_layout_and_exports_for_transformers_and_llama_c
     for fmt, extra in (("hf", []), ("gguf", ["--gguf-type", "q8_0"])):
         assert main(["export", str(out), "--format", fmt, *extra, "--out", str(tmp_path / fmt), "--no-progress"]) == 0
         report = json.loads((tmp_path / fmt / "export.json").read_text())
-        assert report["check"]["ok"], report["check"]
+        check = report["check"]
+        assert check["rel_err"] <= check["tolerance"] and check["top1_agree"] >= 0.9 and check["tokenizer"] == "same ids", check
     del cfg
     torch.cuda.empty_cache() if torch.cuda.is_available() else None

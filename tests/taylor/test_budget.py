@@ -13,7 +13,7 @@ def test_calib_flags():
     assert names == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps",
                      "kl_recall_frac", "kl_recall_span"]
     assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
-            CalibArgs().align_steps) == ("wiki:calib+shakespeare:calib", "auto", None, None, None)
+            CalibArgs().align_steps) == ("auto", "auto", None, None, None)
 
 
 def test_calibration_budget_follows_the_device_and_explicit_flags_win():

@@ -134,12 +134,22 @@ def _dying(world, assets, partial):
 # ---------------------------------------------------------------------------------------------
 
 
+def _lost_message(result) -> bool:
+    return isinstance(result, RankFailed) and (result.type == "Hung" or "Timed out waiting" in result.message)
+
+
 @pytest.fixture(scope="module")
 def two(assets, tmp_path_factory):
-    root = tmp_path_factory.mktemp("two")
-    rep, _ = train_run(assets, root / "one-paused.partial", options(stop_after_tokens=2 * TPS))  # one process
-    assert rep["status"] == "paused"
-    ranks = run_ranks(_session, 2, assets, root)
+    # gloo over TCP on an oversubscribed 2-core machine has lost a message in the final state-dict gather
+    # (rank 0 timed out sending, rank 1 waited for ever): such a session runs once more, from scratch. A
+    # disagreement between the ranks fails both times.
+    for _ in range(2):
+        root = tmp_path_factory.mktemp("two")
+        rep, _ = train_run(assets, root / "one-paused.partial", options(stop_after_tokens=2 * TPS))  # one process
+        assert rep["status"] == "paused"
+        ranks = run_ranks(_session, 2, assets, root)
+        if not any(_lost_message(r) for r in ranks):
+            break
     for r in ranks:
         assert not isinstance(r, RankFailed), r.traceback
     return ranks, root
