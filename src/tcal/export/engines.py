@@ -108,12 +108,13 @@ def vllm_row(f: Facts, check: dict | None) -> EngineRow:
 
 
 def sglang_row(f: Facts, check: dict | None) -> EngineRow:
+    # Biases first: they come from the teacher, so advice to re-convert with another placement would not help.
+    if f.qkv_bias or f.o_bias:
+        return EngineRow("SGLang", SGLANG_VERSIONS, CANNOT, "its attention has no q/k/v or o_proj bias, and it skips "
+                         "the checkpoint's without a word (no keep policy changes the teacher's biases)")
     placement = _sglang_placement(f)
     if placement:
         return EngineRow("SGLang", SGLANG_VERSIONS, CANNOT, placement)
-    if f.qkv_bias or f.o_bias:
-        return EngineRow("SGLang", SGLANG_VERSIONS, CANNOT, "its attention has no q/k/v or o_proj bias, and it skips "
-                         "the checkpoint's without a word")
     if f.kind == "bfloat16":
         dtype = "bfloat16 (the checkpoint's dtype)"
     else:
