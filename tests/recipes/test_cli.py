@@ -103,6 +103,16 @@ def test_ablate_small(workspace):
     assert res["evaluation"]["windows"] == 4
 
 
+def test_ablate_without_a_copy_row_writes_its_table(workspace):
+    out = workspace / "ablate-one"
+    assert run("ablate", "--teacher", workspace / "teacher", "--keep", "0,2", "--inits", "phase1",
+               "--calib", workspace / "calib.txt", "--calib-window", 32, "--calib-windows", 8,
+               "--eval", workspace / "eval.txt", "--eval-window", 32, "--eval-windows", 2, "--out", out,
+               "--device", "cpu", "--no-progress") == 0
+    assert json.loads((out / "ablation.json").read_text())["rows"][0]["copy_over_init"] is None
+    assert "| phase1 |" in (out / "ablation.md").read_text()
+
+
 def test_ablate_scores_fewer_windows_of_a_large_vocabulary_on_cpu():
     from tcal.recipes.ablate import AblateConfig, default_eval_windows
 

@@ -264,8 +264,9 @@ def ablation_markdown(res: dict) -> str:
         cells = " | ".join(f"{fmt_ppl(by[d])} | {by[d] / teacher[d]:.2f}" for d in domains)
         if he:
             cells += f" | {r['humaneval']['pass@1']:.3f}"
+        over = f"{r['copy_over_init']:.1f}x" if r["copy_over_init"] is not None else "-"  # without a copy row
         lines.append(
-            f"| {r['init']} | {cells} | {r['copy_over_init']:.1f}x | {cos} | {_fmt_s(ps.get('phase1'), n)} | "
+            f"| {r['init']} | {cells} | {over} | {cos} | {_fmt_s(ps.get('phase1'), n)} | "
             f"{_fmt_s(ps.get('phase2'), n)} | {_fmt_s(ps.get('kl'), 1)} | {r['convert_s']:.1f} |"
         )
     return "\n".join(lines) + "\n"
