@@ -3,14 +3,14 @@
     python bench/humaneval_pair.py A/humaneval.json B/humaneval.json [C/humaneval.json ...] [--md OUT.md]
 
 Two runs of one model in two engines should differ only by numerics: how many answers are the same text, how
-many problems only one of them passed, and McNemar's exact p-value of that split (tcal.evaluate.humaneval.paired).
+many problems only one of them passed (answers compared after the stop-sequence cut), and McNemar's exact p-value of that split (tcal.evaluate.humaneval.paired).
 A run scored on fewer problems (``--limit``) is compared on the problems both hold.
 """
 import argparse
 import json
 from pathlib import Path
 
-from tcal.evaluate.humaneval import Result, paired
+from tcal.evaluate.humaneval import Result, cut, paired
 from tcal.evaluate.niah import accuracy_interval
 
 
@@ -34,7 +34,9 @@ def main() -> None:
         lo, hi = accuracy_interval([float(r.passed) for r in res.values()])
         common = [t for t in res if t in ref]
         a, b = [ref[t] for t in common], [res[t] for t in common]
-        same = sum(x.completion == y.completion for x, y in zip(a, b))
+        # the program each answer gives: llama.cpp stops before a stop string, tcal's generator just after it
+        same = sum(cut(x.completion, ref_rec["prompt_style"]).rstrip() == cut(y.completion, rec["prompt_style"]).rstrip()
+                   for x, y in zip(a, b))
         p = paired(a, b)
         lines.append(f"| {name} | {rec['engine']} | {rec['pass@1']:.3f} ({rec['passed']}/{rec['problems']}) | "
                      f"{lo:.3f}-{hi:.3f} | {len(common)} | {same} | {p['only_first']} | {p['only_second']} | "
