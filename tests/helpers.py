@@ -153,3 +153,20 @@ def story_text(sentences: int = 400, seed: int = 0) -> str:
 def gdn_state(hybrid) -> dict:
     """A copy of every GDN layer's weights, keyed "layer.param" (to compare two calibrations)."""
     return {f"{i}.{k}": v.clone() for i, m in hybrid.gdn_modules().items() for k, v in m.state_dict().items()}
+
+
+def run(capsys, *argv):
+    """``tcal ARGV`` in-process: (exit status, the `tcal: error:` lines, all of stderr); never a traceback."""
+    from tcal.cli import main
+
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, [line for line in err.splitlines() if line.startswith("tcal: error: ")], err
+
+
+def one_error(capsys, message, *argv):
+    """``tcal ARGV`` fails with exit 2 and exactly one `tcal: error:` line holding ``message``."""
+    code, errors, err = run(capsys, *argv)
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    return errors[0]

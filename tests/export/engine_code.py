@@ -112,31 +112,30 @@ def definitions(path: Path, names: list[str], namespace: dict) -> dict:
     return namespace
 
 
-def keyword_expr(path: Path, cls: str, method: str, call: str, keyword: str) -> str:
-    """The source of the expression passed as ``keyword=`` to the call of ``call`` in ``cls.method``."""
-    tree = ast.parse(Path(path).read_text())
-    for c in tree.body:
+def _method_nodes(path: Path, cls: str, method: str):
+    """Every AST node inside ``cls.method`` of the file (nothing when the class or method is gone)."""
+    for c in ast.parse(Path(path).read_text()).body:
         if isinstance(c, ast.ClassDef) and c.name == cls:
             for f in c.body:
                 if isinstance(f, ast.FunctionDef) and f.name == method:
-                    for node in ast.walk(f):
-                        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == call:
-                            for kw in node.keywords:
-                                if kw.arg == keyword:
-                                    return ast.unparse(kw.value)
+                    yield from ast.walk(f)
+
+
+def keyword_expr(path: Path, cls: str, method: str, call: str, keyword: str) -> str:
+    """The source of the expression passed as ``keyword=`` to the call of ``call`` in ``cls.method``."""
+    for node in _method_nodes(path, cls, method):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == call:
+            for kw in node.keywords:
+                if kw.arg == keyword:
+                    return ast.unparse(kw.value)
     pytest.fail(f"{path.name}: no {call}({keyword}=...) in {cls}.{method}: the engine moved its code, update the test")
 
 
 def assigned_expr(path: Path, cls: str, method: str, attribute: str) -> str:
     """The source of the expression assigned to ``self.<attribute>`` in ``cls.method``."""
-    tree = ast.parse(Path(path).read_text())
-    for c in tree.body:
-        if isinstance(c, ast.ClassDef) and c.name == cls:
-            for f in c.body:
-                if isinstance(f, ast.FunctionDef) and f.name == method:
-                    for node in ast.walk(f):
-                        if isinstance(node, ast.Assign):
-                            for t in node.targets:
-                                if isinstance(t, ast.Attribute) and t.attr == attribute:
-                                    return ast.unparse(node.value)
+    for node in _method_nodes(path, cls, method):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and t.attr == attribute:
+                    return ast.unparse(node.value)
     pytest.fail(f"{path.name}: no self.{attribute} = ... in {cls}.{method}: the engine moved its code, update the test")

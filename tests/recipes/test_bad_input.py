@@ -8,24 +8,11 @@ import stat
 import numpy as np
 import pytest
 import torch
+from helpers import one_error, run
 
 import tcal
 from tcal.cli import main
 from tcal.utils.errors import TcalError
-
-
-def run(capsys, *argv):
-    """(exit status, the `tcal: error:` lines, all of stderr)."""
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, [line for line in err.splitlines() if line.startswith("tcal: error: ")], err
-
-
-def one_error(capsys, message, *argv):
-    code, errors, err = run(capsys, *argv)
-    assert code == 2 and len(errors) == 1 and message in errors[0], err
-    return errors[0]
 
 
 def listing(path):

@@ -4,26 +4,11 @@ starts processes or does not parse is a failed problem, and the evaluation goes 
 import json
 
 import pytest
-from helpers import tiny_teacher, word_tokenizer
-
-from tcal.cli import main
+from helpers import one_error, run, tiny_teacher, word_tokenizer
 
 # the prompt ends in a comment, so that whatever the tiny model writes is a comment and the tests decide
 GOOD = {"task_id": "t/0", "prompt": "def f(x):\n    return None\n# ", "entry_point": "f",
         "test": "def check(candidate):\n    assert candidate(1) is None\n"}
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, [line for line in err.splitlines() if line.startswith("tcal: error: ")], err
-
-
-def one_error(capsys, message, *argv):
-    code, errors, err = run(capsys, *argv)
-    assert code == 2 and len(errors) == 1 and message in errors[0], err
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
