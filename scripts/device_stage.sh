@@ -31,6 +31,21 @@ POOL=${1:-.dev/pool}
 . scripts/device_assets.sh
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 
+# pieces TEACHER SHA256 NAME LETTER: the built-in teacher's GGUF, checked, cut into PIECE_MB (default 52) MiB pieces,
+# piece k of n in .dev/carry/<LETTER>k/NAME.k-of-n (each folder its own transfer)
+pieces() {
+  local g n k f
+  g=$(PYTHONPATH=src "$PY" -c "from tcal.data.teachers import builtin_gguf_path; print(builtin_gguf_path('$1'))")
+  echo "$2  $g" | sha256sum -c --quiet
+  rm -rf .dev/carry/"$4"[0-9]* .dev/pieces && mkdir -p .dev/pieces
+  split -b "${PIECE_MB:-52}M" -d -a 2 "$g" .dev/pieces/piece-
+  n=$(ls .dev/pieces | wc -l)
+  for f in .dev/pieces/piece-*; do
+    k=$(( 10#${f##*-} + 1 )); mkdir -p .dev/carry/"$4$k" && mv "$f" ".dev/carry/$4$k/$3.$k-of-$n"
+  done
+  rmdir .dev/pieces
+}
+
 CACHE=$(PYTHONPATH=src "$PY" -c 'from tcal.utils.cache import cache_root; print(cache_root())')
 # SMOL=0: skip the SmolLM2 teacher and its pool (a machine that gets only QWEN=1 or GEMMA=1)
 if [ "${SMOL:-1}" = 1 ]; then
@@ -77,15 +92,7 @@ if ! ls .whl-eval/lm_eval-*.whl >/dev/null 2>&1; then
 fi
 # GEMMA=1: also Gemma 3 270M, in pieces of PIECE_MB (default 52) MiB, each piece its own transfer (.dev/carry/gK)
 if [ "${GEMMA:-0}" = 1 ]; then
-  G=$(PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import builtin_gguf_path; print(builtin_gguf_path("gemma3-270m"))')
-  echo "$GEMMA_SHA  $G" | sha256sum -c --quiet
-  rm -rf .dev/carry/g[0-9]* && mkdir -p .dev/gemma-pieces
-  split -b "${PIECE_MB:-52}M" -d -a 1 "$G" .dev/gemma-pieces/piece-
-  n=$(ls .dev/gemma-pieces | wc -l)
-  for f in .dev/gemma-pieces/piece-*; do
-    k=$(( ${f##*-} + 1 )); mkdir -p .dev/carry/g$k && mv "$f" ".dev/carry/g$k/$GEMMA_NAME.$k-of-$n"
-  done
-  rmdir .dev/gemma-pieces
+  pieces gemma3-270m "$GEMMA_SHA" "$GEMMA_NAME" g
   # the corpora again, in a folder of their own, for a machine that gets only the Gemma teacher
   mkdir -p .dev/carry/gdata && cp .dev/carry/b/wiki.json.xz .dev/carry/b/corpora.tar.xz .dev/carry/gdata/
   # and its tokenizer as this machine's transformers converts it (older ones split it into single characters)
@@ -101,15 +108,7 @@ fi
 # QWEN=1: Qwen2.5-Coder-0.5B-Instruct in pieces of PIECE_MB MiB (.dev/carry/qK), its data (.dev/carry/qdata) and a
 # code-and-prose pool in its tokens (.dev/carry/qp)
 if [ "${QWEN:-0}" = 1 ]; then
-  G=$(PYTHONPATH=src "$PY" -c 'from tcal.data.teachers import builtin_gguf_path; print(builtin_gguf_path("qwen2.5-coder-0.5b"))')
-  echo "$QWEN_SHA  $G" | sha256sum -c --quiet
-  rm -rf .dev/carry/q[0-9]* && mkdir -p .dev/qwen-pieces
-  split -b "${PIECE_MB:-52}M" -d -a 2 "$G" .dev/qwen-pieces/piece-
-  n=$(ls .dev/qwen-pieces | wc -l)
-  for f in .dev/qwen-pieces/piece-*; do
-    k=$(( 10#${f##*-} + 1 )); mkdir -p .dev/carry/q$k && mv "$f" ".dev/carry/q$k/$QWEN_NAME.$k-of-$n"
-  done
-  rmdir .dev/qwen-pieces
+  pieces qwen2.5-coder-0.5b "$QWEN_SHA" "$QWEN_NAME" q
   # the corpora (prose and code), HumanEval's problems and the tokenizer as this machine's transformers converts it
   PYTHONPATH=src "$PY" -c 'from tcal.data.corpora import load_corpus; [load_corpus(c) for c in ("wiki", "shakespeare", "sotu", "code")]
 from tcal.evaluate.humaneval import load_problems; load_problems()
