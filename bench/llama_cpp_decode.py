@@ -32,6 +32,8 @@ def main():
     import llama_cpp
     import numpy as np
 
+    from tcal.evaluate.gguf_speed import decode_ms
+
     contexts = sorted(int(c) for c in args.contexts.split(","))
     room = contexts[-1] + args.blocks * args.steps * len(contexts) + 8
     names, llms = [], []
@@ -56,12 +58,7 @@ def main():
         blocks = {n: [] for n in names}
         for _ in range(args.blocks):
             for name, llm in zip(names, llms):
-                ms = []
-                for tok in steps:
-                    t0 = time.perf_counter()
-                    llm.eval([tok])
-                    ms.append((time.perf_counter() - t0) * 1e3)
-                blocks[name].append(statistics.median(ms))
+                blocks[name].append(decode_ms(llm, steps))
         ref = blocks[names[0]]
         for name in names:
             ratios = [r / b for r, b in zip(ref, blocks[name])]

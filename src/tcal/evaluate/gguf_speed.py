@@ -25,6 +25,16 @@ def _llama(path, n_ctx: int, threads: int, gpu_layers: int):
                            type_v=F16, verbose=False)
 
 
+def decode_ms(llm, tokens) -> float:
+    """Median milliseconds of one decode step of ``llm`` (a llama_cpp.Llama) over ``tokens``, fed one at a time."""
+    per_token = []
+    for tok in tokens:
+        t0 = time.perf_counter()
+        llm.eval([tok])
+        per_token.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(per_token)
+
+
 def gguf_rows(name: str, path, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
               threads: int | None = None, gpu_layers: int = 0, seed: int = 0) -> list[dict]:
     """One row per context: {"model", "context", "prefill_tok_s", "decode_ms", ...}, medians over ``reps`` passes
@@ -52,12 +62,7 @@ def gguf_rows(name: str, path, contexts: list[int], *, decode_tokens: int, reps:
                 spent += time.perf_counter() - t0
                 done = c
                 prefill[c].append(c / spent)
-                per_token = []
-                for tok in steps:
-                    t0 = time.perf_counter()
-                    llm.eval([tok])
-                    per_token.append((time.perf_counter() - t0) * 1e3)
-                decode[c].append(statistics.median(per_token))
+                decode[c].append(decode_ms(llm, steps))
     finally:
         llm.close()
     return [{"model": name, "context": c, "prefill_tok_s": statistics.median(prefill[c]),
