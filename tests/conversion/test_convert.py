@@ -75,3 +75,36 @@ def test_stage_timings_say_where_a_conversion_went():
     both = {1: {"wall_s": 1.0, "group": [1, 3], "group_wall_s": 2.0}, 3: {"wall_s": 1.0, "group": [1, 3], "group_wall_s": 2.0}}
     assert stage_timings({"phase2": both}) == {"phase2_s": 2.0}
     assert stage_timings({}) == {} and stage_timings(None) == {}
+
+
+def test_the_kl_stage_fits_chat_windows_on_their_answers_when_asked(tmp_path):
+    """kl_data="chat:CODE": the KL stage trains on packed chat-format code tasks, the KL on the answer positions,
+    and its record says so; the calibration windows still feed Phase 2."""
+    from helpers import tiny_teacher, word_tokenizer
+
+    from tcal.conversion.convert import chat_kl_data, convert_with_record
+    from tcal.taylor.config import AlignConfig, KLConfig
+
+    code = "\n".join(f'def f{i}(a, b):\n    """Sum of a and b."""\n    c = a + b\n    return c * {i}\n\n'
+                     for i in range(12))
+    words = ("def ( a , b ) : Sum of and . c = + return * \"\"\" ``` Complete Write Implement Here "
+             + " ".join(f"f{i} {i}" for i in range(12))).split()
+    tok = word_tokenizer(words, extra=["<|im_start|>", "<|im_end|>", "user", "assistant"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    teacher = tiny_teacher("llama", vocab_size=len(tok))
+    data = chat_kl_data("chat:text:" + code, tok, window=128, windows=4)
+    assert data.train.shape == (3, 128) and data.heldout.shape == (1, 128)
+    assert 0 < int(data.train_mask.sum()) < data.train.numel()
+    calib = torch.randint(0, len(tok), (4, 32))
+    conv = convert_with_record(teacher, [0, 2], "taylor", calib_ids=calib, align=AlignConfig(steps=2),
+                               kl=KLConfig(steps=3, batch_size=2, eval_every=1, patience=None),
+                               kl_data="chat:text:" + code, kl_windows=(4, 128), tokenizer=tok, target="native")
+    kl = conv.record["detail"]["kl"]
+    assert kl["data"]["data"] == "chat:text:" + code and kl["data"]["train_sequences"] == 3
+    assert kl["loss_tokens"]["train"] == int(data.train_mask.sum())
+    assert conv.record["detail"]["phase2"]  # Phase 2 ran on the calibration windows
+    with pytest.raises(TcalError, match="no chat template|none"):
+        chat_kl_data("chat:text:" + code, word_tokenizer(words), window=128, windows=4)
+    with pytest.raises(TcalError, match="asked"):
+        chat_kl_data("chat:text:" + code, tok, window=128, windows=50)

@@ -14,11 +14,13 @@ from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.target import DEFAULT_TARGET, target_options
+from tcal.data.instruct import code_tasks, pack, render
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
-from tcal.taylor.pipeline import Calibration, as_calibration_ids
+from tcal.taylor.kl_stage import KLData
+from tcal.taylor.pipeline import Calibration, as_calibration_ids, split_calibration
 from tcal.utils.config import DEFAULT_CALIB
 from tcal.utils.errors import TcalError, TcalWarning
 
@@ -49,6 +51,36 @@ def calibration_ids(calib, tokenizer, window: int = CALIB_WINDOW, windows: int =
         raise TcalError("calibrated inits read text: pass tokenizer= (the teacher's) or calib_ids=")
     check_no_eval_text(calib, role="calibration data")  # every built-in evaluation split in the cache
     return mixed_windows(calib, tokenizer, window=window, n_windows=windows)
+
+
+CHAT = "chat:"
+
+
+def chat_kl_data(spec: str, tokenizer, window: int, windows: int, heldout_frac: float = 0.25) -> KLData:
+    """The KL stage's instruct windows for ``spec`` = ``chat:CODE`` (e.g. ``chat:code:calib``): the documented
+    functions of the code corpus CODE as chat-format tasks with their own code as the answer, in the tokenizer's chat
+    template, packed whole into ``windows`` windows of ``window`` tokens (the last ``heldout_frac`` held out), with
+    the masks of their answer positions: the KL of the stage is on the answers, where an instruct model is used."""
+    if not spec.startswith(CHAT):
+        raise TcalError(f"KL-stage text {spec!r} is not chat:CODE (e.g. chat:code:calib)")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise TcalError(f"--kl-data {spec} frames code tasks in the teacher's chat template, and its tokenizer has "
+                        "none (not an instruct model's); use --kl-data calib")
+    code = spec[len(CHAT):]
+    check_no_eval_text(code, role="KL-stage text")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids, mask = None, None
+    # about six tasks fit a 512-token window; read the tasks once, more only if they were too few
+    for limit in (windows * max(4, window // 64), None):
+        tasks = code_tasks(code, limit=limit)
+        ids, mask = pack([render(tokenizer, t) for t in tasks], window, pad)
+        if ids.shape[0] >= windows:
+            break
+    if ids.shape[0] < windows:
+        raise TcalError(f"{code} gives {ids.shape[0]} chat windows of {window} tokens, {windows} asked; use fewer "
+                        "--kl-windows or a larger code corpus")
+    train, held = split_calibration(windows, heldout_frac)
+    return KLData(ids[train], ids[held], mask[train], mask[held], name=spec)
 
 
 def stage_timings(detail: dict) -> dict:
@@ -83,6 +115,8 @@ def convert_with_record(
     selection: SelectionConfig | None = None,
     target: str = DEFAULT_TARGET,
     share_weights: bool = False,
+    kl_data: str | KLData | None = None,
+    kl_windows: tuple[int, int] = (20, 512),
     **options,
 ) -> Conversion:
     """:func:`convert`, also returning what was done (the record written into reports)."""
@@ -118,9 +152,15 @@ def convert_with_record(
         n, t = (calib_ids.ids if isinstance(calib_ids, Calibration) else as_calibration_ids(calib_ids)).shape
         record["calibration"] = {"data": data_name,
                                  "sequences": int(n), "tokens_per_sequence": int(t)}
+    if isinstance(kl_data, str) and kl_data.strip() == "calib":
+        kl_data = None
+    if spec.kl and isinstance(kl_data, str):
+        t0 = time.perf_counter()
+        kl_data = chat_kl_data(kl_data, tokenizer, window=kl_windows[1], windows=kl_windows[0])
+        record["timings"]["kl_data_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     record["detail"] = initialise(hybrid, teacher, spec, calib_ids if spec.calibrated else None,
-                                  progress=progress, **init_options)
+                                  progress=progress, **({"kl_data": kl_data} if spec.kl else {}), **init_options)
     record["timings"]["init_s"] = time.perf_counter() - t0
     record["timings"].update(stage_timings(record["detail"]))
     hybrid.config.tcal_init = spec.name
@@ -145,6 +185,9 @@ def convert(teacher, keep: Sequence[int] | str, init: str = "copy", **kwargs) ->
       :class:`tcal.taylor.pipeline.Calibration`), or tokenise ``calib`` (default ``wiki:calib+shakespeare:calib``,
       disjoint from every ``:eval`` split) with ``tokenizer`` into ``calib_windows`` windows of
       ``calib_window`` tokens (reference: 4 x 256).
+    - ``kl_data``: what the KL stage (inits with one, e.g. ``taylor``) fits on: None or ``"calib"``, the calibration
+      sequences; ``"chat:CODE"`` (``chat:code:calib``), ``kl_windows`` = (windows, tokens) of chat-format code tasks
+      with the KL on their answers (an instruct teacher's tokenizer), or a :class:`tcal.taylor.kl_stage.KLData`.
     - Remaining keyword options: GDN construction (``use_short_conv``, ``output_gate``, ``backend``...)
       or init switches (``align=AlignConfig(...)``, Phase-1 options such as ``zero_wa=True``).
     """

@@ -8,6 +8,7 @@ import torch
 from tcal.conversion.inits import InitSpec, get_init
 from tcal.taylor.budget import CALIB_BUDGETS
 from tcal.taylor.config import AlignConfig, KLConfig
+from tcal.taylor.kl_stage import KLData
 from tcal.taylor.pipeline import Calibration, calibrate, prepare
 from tcal.utils.errors import TcalError
 
@@ -34,12 +35,12 @@ def stage_configs(spec: InitSpec, align: AlignConfig | None, kl: KLConfig | None
 
 def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration | torch.Tensor | None = None, *,
                align: AlignConfig | None = None, kl: KLConfig | None = None, progress: bool = False,
-               **switches) -> dict:
+               kl_data: KLData | None = None, **switches) -> dict:
     """Initialise the GDN layers of ``hybrid`` in place as ``init`` says; returns its record.
 
     ``calibration``: calibration token ids (N, T) or a prepared :class:`Calibration`, needed by
     calibrated inits. ``align`` / ``kl``: Phase-2 and KL-stage budgets (how Phase 2 fits the
-    layers is the init's). ``switches`` are Phase-1 options (see tcal.taylor.phase1.Phase1Options).
+    layers is the init's); ``kl_data``: the KL stage's own sequences (default: the calibration's). ``switches`` are Phase-1 options (see tcal.taylor.phase1.Phase1Options).
     """
     spec = get_init(init)
     if not spec.calibrated and (switches or align is not None or kl is not None):
@@ -60,5 +61,6 @@ def initialise(hybrid, teacher, init: str | InitSpec, calibration: Calibration |
         align, kl = stage_configs(spec, align, kl)
         with torch.enable_grad():
             record.update(calibrate(hybrid, teacher, calibration, phase1=spec.phase1, phase2=spec.phase2,
-                                    align=align, kl=kl, progress=progress, **switches))
+                                    align=align, kl=kl, progress=progress,
+                                    kl_data=kl_data if spec.kl else None, **switches))
     return record

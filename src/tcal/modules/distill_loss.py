@@ -59,6 +59,16 @@ class TeacherTargets:
         return rows * (vocab + 1) * 4
 
 
+# Logits of one chunk of rows at most this many values (128 MiB in fp32): over a 151,936-token vocabulary that is
+# 220 rows, where 1,024 rows made the KL stage's fp32 logits, softmaxes and their gradients the peak of a conversion
+CHUNK_VALUES = 2**25
+
+
+def rows_per_chunk(vocab: int, values: int = CHUNK_VALUES) -> int:
+    """Rows of one chunk of the chunked loss over ``vocab`` logits: at most ``values`` logits, at least 16 rows."""
+    return max(16, values // max(1, vocab))
+
+
 def _teacher_terms(ht, wt, bt) -> tuple[torch.Tensor, torch.Tensor]:
     """(p, sum p log p) of one chunk of teacher rows, in fp32."""
     logp_t = torch.log_softmax(F.linear(ht, wt, bt).float(), dim=-1)
@@ -107,13 +117,14 @@ def chunked_distill_loss(
     ce_weight: float = 0.0,
     chunk_rows: int = 1024,
     use_checkpoint: bool = True,
+    row_mask: torch.Tensor | None = None,  # (N,) bool: the rows the loss is over (an instruct answer's); None = all
 ) -> tuple[torch.Tensor, float, float]:
     """``(loss, mean KL, mean CE)`` with ``loss = (1 - w) mean KL(t || s) + w mean CE``.
 
-    KL is averaged over all N rows, CE over the rows with a label. Rows are processed
-    ``chunk_rows`` at a time; with ``use_checkpoint`` (and grad enabled) each chunk is a
-    ``torch.utils.checkpoint`` region, so only its inputs are kept for the backward pass and
-    peak memory is O(chunk_rows x vocab), not O(N x vocab).
+    KL is averaged over all N rows (``row_mask``: over the rows it marks, the others never reach an LM head),
+    CE over the rows with a label. Rows are processed ``chunk_rows`` at a time; with ``use_checkpoint`` (and grad
+    enabled) each chunk is a ``torch.utils.checkpoint`` region, so only its inputs are kept for the backward pass
+    and peak memory is O(chunk_rows x vocab), not O(N x vocab).
     """
     kept = isinstance(teacher_hidden, TeacherTargets)
     t_rows = teacher_hidden.probs if kept else teacher_hidden
@@ -122,6 +133,16 @@ def chunked_distill_loss(
             f"hidden states must be (N, D) with the same N, got {tuple(student_hidden.shape)} and "
             f"{tuple(t_rows.shape)}"
         )
+    if row_mask is not None:
+        if row_mask.shape != (student_hidden.shape[0],):
+            raise TcalError(f"row_mask must be (N,) = ({student_hidden.shape[0]},), got {tuple(row_mask.shape)}")
+        if not bool(row_mask.any()):
+            raise TcalError("row_mask selects no rows: the loss would be over nothing")
+        keep = row_mask.to(student_hidden.device).bool()
+        student_hidden = student_hidden[keep]
+        teacher_hidden = teacher_hidden[keep.to(t_rows.device)]
+        t_rows = teacher_hidden.probs if kept else teacher_hidden
+        labels = None if labels is None else labels[keep.to(labels.device)]
     if chunk_rows < 1:
         raise TcalError(f"chunk_rows must be positive, got {chunk_rows}")
     n = student_hidden.shape[0]

@@ -97,7 +97,7 @@ def _check(cfg: AblateConfig):
 
 
 def run(cfg: AblateConfig) -> dict:
-    from tcal.conversion.convert import calibration_ids, convert_with_record
+    from tcal.conversion.convert import calibration_ids, chat_kl_data, convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep
     from tcal.conversion.select import SelectionConfig, select_layers
@@ -147,7 +147,11 @@ def run(cfg: AblateConfig) -> dict:
     teacher_eval = ppl(teacher)
     teacher_code = code(teacher)
     log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], n_eval, cfg.eval_window)
-    calibration, stats_s = None, 0.0
+    calibration, stats_s, kl_data = None, 0.0, None
+    kl_text = cfg.kl_options(budget)
+    if kl_text and any(get_init(i).kl for i in inits):  # one set of chat windows for every init with a KL stage
+        kl_data = chat_kl_data(kl_text["kl_data"], tok, window=kl_text["kl_windows"][1],
+                               windows=kl_text["kl_windows"][0])
     if any(get_init(i).calibrated for i in inits):
         t0 = time.perf_counter()
         ids = calibration_ids(cfg.calib, tok, budget.window, budget.windows)
@@ -162,6 +166,8 @@ def run(cfg: AblateConfig) -> dict:
         options = {"calib_ids": calibration, "align": align, "progress": cfg.progress} if spec.calibrated else {}
         if spec.kl:
             options["kl"] = kl
+            if kl_data is not None:
+                options["kl_data"] = kl_data
         t0 = time.perf_counter()
         conv = convert_with_record(teacher, keep, init, seed=cfg.seed, share_weights=True, **options)
         convert_s = time.perf_counter() - t0
@@ -183,6 +189,7 @@ def run(cfg: AblateConfig) -> dict:
         "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "teacher_humaneval": teacher_code,
         "keep": keep, "gdn_layers": gdn_layers,
         "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
+        "kl_data": kl_data.record() if kl_data is not None else "the calibration windows",
         "calibration": {"data": cfg.calib, "windows": budget.windows, "window": budget.window, "budget": budget.name,
                         "align": dataclasses.asdict(align), "kl": dataclasses.asdict(kl),
                         **(calibration.record() if calibration is not None else {}),

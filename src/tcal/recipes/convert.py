@@ -90,7 +90,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
         calib_window=budget.window, calib_windows=budget.windows, progress=cfg.progress and world.is_main(),
         use_short_conv=cfg.use_short_conv, output_gate=cfg.output_gate, target=cfg.target, share_weights=True,
         **({"align": budget.align} if spec.calibrated else {}),
-        **({"kl": budget.kl} if spec.kl else {}),
+        **({"kl": budget.kl, **cfg.kl_options(budget)} if spec.kl else {}),
     )
     hybrid, record = conv.hybrid, conv.record
     timings["convert_s"] = time.perf_counter() - t0
@@ -139,7 +139,7 @@ def kl_summary(detail) -> dict | None:
     if not kl:
         return None
     return {k: kl.get(k) for k in ("steps_run", "best_step", "heldout_kl_before", "heldout_kl", "heldout_curve",
-                                   "teacher_cached", "wall_s")}
+                                   "teacher_cached", "wall_s", "data")}
 
 
 def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
@@ -160,8 +160,12 @@ def convert_markdown(cfg: ConvertConfig, report: dict) -> str:
                          f"{kl['recall_span']}-token span of themselves (recall mix)")
     ks = report.get("kl_stage")
     if ks:
-        lines.append(f"- KL stage: {ks['steps_run']} steps, kept the state of step {ks['best_step']}; held-out KL "
-                     f"{ks['heldout_kl_before']:.4f} -> {ks['heldout_kl']:.4f}")
+        on = ks.get("data")
+        text = (f"{on['train_sequences']} + {on['heldout_sequences']} held-out windows of {on['tokens_per_sequence']} "
+                f"tokens of `{on['data']}` (chat-format code tasks, the KL on their {on['loss_tokens']['train']:,} "
+                "answer tokens)" if on else "the calibration windows")
+        lines.append(f"- KL stage: on {text}; {ks['steps_run']} steps, kept the state of step {ks['best_step']}; "
+                     f"held-out KL {ks['heldout_kl_before']:.4f} -> {ks['heldout_kl']:.4f}")
     if report.get("eval"):
         lines.append(f"- evaluation data (held out, disjoint from calibration): `{cfg.eval}`, "
                      f"first {cfg.eval_windows} x {cfg.eval_window} tokens")

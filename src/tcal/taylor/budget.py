@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.data.teacher_table import default_calib
+from tcal.data.teacher_table import default_calib, default_kl_data
 from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.utils.config import arg
 from tcal.utils.errors import TcalError
@@ -21,6 +21,10 @@ class CalibBudget:
     window: int  # tokens per sequence
     align: AlignConfig
     kl: KLConfig  # used by the inits that have a KL stage
+    # the KL stage's chat windows where it fits chat-format tasks (--kl-data chat:CODE): how many (a quarter held
+    # out) of how many tokens
+    chat_windows: int = 20
+    chat_window: int = 512
 
 
 # "reference" is the paper's (4 x 256 tokens, 300 full-batch steps); "large" spends the tokens a GPU makes cheap
@@ -30,10 +34,12 @@ CALIB_BUDGETS: dict[str, CalibBudget] = {b.name: b for b in (
     CalibBudget("reference", windows=4, window=256, align=AlignConfig(steps=300), kl=KLConfig(steps=40, batch_size=3)),
     # 300 KL steps: 2 % lower held-out PPL than 100 on each of three domains at 50 % converted, for 72 s more on an
     # H200 (docs/results.md, *Calibration budget*)
-    CalibBudget("large", windows=512, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=300, batch_size=8)),
+    CalibBudget("large", windows=512, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=300, batch_size=8),
+                chat_windows=160, chat_window=1024),
     # 1M tokens with the KL stage's steps scaled to the data: the best measured taylor, for a longer conversion than
     # "large" (docs/results.md, *Calibration budget*); wiki:calib alone is too small for it, the default mixture is not
-    CalibBudget("xl", windows=2048, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=1200, batch_size=8)),
+    CalibBudget("xl", windows=2048, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=1200, batch_size=8),
+                chat_windows=160, chat_window=1024),
     # for long-context retrieval: 64 windows of 4K tokens (the passkey's lengths), 90 KL steps with the recall mix
     # (half of the stage's windows end with a copy of an earlier span of themselves). With 300 KL steps PPL was
     # lower and the 4K passkey was not (docs/results.md, *Long-context retrieval*)
@@ -65,11 +71,19 @@ class CalibArgs:
                                              "with a copy of an earlier span of itself (for long-context retrieval; "
                                              "0 = off; default: the budget's, 0.5 long, 0 the others)")
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
+    kl_data: str = arg("auto", "what the KL stage fits on: calib (the calibration windows) or chat:CODE (chat-format "
+                               "code tasks of the corpus CODE, e.g. chat:code:calib, in the teacher's chat template, "
+                               "the KL on their answers: for instruct teachers); auto: chat:code:calib for the code "
+                               "teachers, calib otherwise")
+    kl_windows: int | None = arg(None, "chat windows of the KL stage with --kl-data chat:CODE, a quarter held out "
+                                       "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
 
     def resolve_calib(self, teacher: str) -> None:
-        """``--calib auto`` -> the teacher's default calibration text (tcal.data.teacher_table)."""
+        """``--calib auto`` / ``--kl-data auto`` -> the teacher's defaults (tcal.data.teacher_table)."""
         if self.calib.strip() == "auto":
             self.calib = default_calib(teacher)
+        if self.kl_data.strip() == "auto":
+            self.kl_data = default_kl_data(teacher)
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:
@@ -88,6 +102,14 @@ class CalibArgs:
         if self.kl_recall_frac and self.calib_window is not None and self.calib_window < 2 * self.kl_recall_span:
             raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs --calib-window of at least "
                             f"{2 * self.kl_recall_span} tokens, got {self.calib_window}")
+        kl_data = self.kl_data.strip()
+        if kl_data not in ("auto", "calib") and not (kl_data.startswith("chat:") and len(kl_data) > len("chat:")):
+            raise TcalError(f"--kl-data must be auto, calib or chat:CODE (e.g. chat:code:calib), got {self.kl_data!r}")
+        if self.kl_windows is not None and self.kl_windows < 2:
+            raise TcalError(f"--kl-windows must be at least 2 (a quarter is held out), got {self.kl_windows}")
+        if kl_data.startswith("chat:") and self.kl_recall_frac:
+            raise TcalError("--kl-recall-frac copies spans into the calibration windows, and --kl-data chat:... fits "
+                            "chat windows whose answers a copy would break: use one or the other")
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
             raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
 
@@ -113,4 +135,12 @@ class CalibArgs:
             kl = dataclasses.replace(kl, recall_frac=recall, recall_span=self.kl_recall_span)
         else:
             kl = dataclasses.replace(kl, recall_frac=0.0)
-        return CalibBudget(name, self.calib_windows or b.windows, window, dataclasses.replace(align), kl)
+        return CalibBudget(name, self.calib_windows or b.windows, window, dataclasses.replace(align), kl,
+                           self.kl_windows or b.chat_windows, b.chat_window)
+
+    def kl_options(self, budget: CalibBudget) -> dict:
+        """convert_with_record's KL-stage text arguments for ``budget``: the calibration windows, or chat windows
+        (``--kl-data chat:CODE``) unless the budget mixes recall copies into the stage (long)."""
+        if not self.kl_data.startswith("chat:") or budget.kl.recall_frac > 0:
+            return {}
+        return {"kl_data": self.kl_data, "kl_windows": (budget.chat_windows, budget.chat_window)}

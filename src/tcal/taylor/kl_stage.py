@@ -14,12 +14,20 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from tcal.data.recall import recall_rows
-from tcal.modules.distill_loss import TeacherTargets, chunked_distill_loss, final_hidden, lm_parts, teacher_targets
+from tcal.modules.distill_loss import (
+    TeacherTargets,
+    chunked_distill_loss,
+    final_hidden,
+    lm_parts,
+    rows_per_chunk,
+    teacher_targets,
+)
 from tcal.taylor.config import KLConfig
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import begin, nonfinite
@@ -27,6 +35,25 @@ from tcal.utils.fit_tensors import heldout_step, restore, set_lr, snapshot
 from tcal.utils.runtime import memory_budget
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class KLData:
+    """The KL stage's own sequences, where they are not the calibration's: training and held-out (N, T) ids and, for
+    instruct windows, the masks of their answer positions (:mod:`tcal.data.instruct`); ``name`` says what text."""
+
+    train: torch.Tensor
+    heldout: torch.Tensor
+    train_mask: torch.Tensor | None = None
+    heldout_mask: torch.Tensor | None = None
+    name: str = ""
+
+    def record(self) -> dict:
+        count = lambda ids, m: int(ids.numel() if m is None else m.sum())  # noqa: E731
+        return {"data": self.name, "train_sequences": int(self.train.shape[0]),
+                "heldout_sequences": int(self.heldout.shape[0]), "tokens_per_sequence": int(self.train.shape[1]),
+                "loss_tokens": {"train": count(self.train, self.train_mask),
+                                "heldout": count(self.heldout, self.heldout_mask)}}
 
 
 def _gdn_params(hybrid) -> list[torch.nn.Parameter]:
@@ -60,32 +87,56 @@ def _cache_kind(cache) -> str | None:
     return "targets" if isinstance(cache, TeacherTargets) else "hidden" if cache is not None else None
 
 
+def _rows(mask: torch.Tensor | None, index, dev) -> torch.Tensor | None:
+    """The flat (B*T,) row mask of the sequences ``index`` of an (N, T) mask, on ``dev``; None where every row counts."""
+    return None if mask is None else mask[index].reshape(-1).to(dev)
+
+
 @torch.no_grad()
 def mean_kl(hybrid, teacher, ids: torch.Tensor, batch_size: int,
-            hidden: torch.Tensor | TeacherTargets | None = None) -> float:
+            hidden: torch.Tensor | TeacherTargets | None = None, mask: torch.Tensor | None = None) -> float:
     """Mean KL(teacher || hybrid) per predicted token over ``ids`` (N, T); ``hidden``: the teacher's side of the
-    same ids, if kept (``teacher_hidden`` or :class:`TeacherTargets`)."""
+    same ids, if kept (``teacher_hidden`` or :class:`TeacherTargets`); ``mask`` (N, T): only the positions it marks
+    count (an instruct answer's)."""
     base_s, head_s = lm_parts(hybrid)
     base_t, head_t = lm_parts(teacher)
     dev = head_s.weight.device
+    chunk = rows_per_chunk(head_s.weight.shape[0])
     total, n = 0.0, 0
     for s in range(0, ids.shape[0], batch_size):
         mb = ids[s : s + batch_size].to(dev)
+        rows = _rows(mask, slice(s, s + batch_size), dev)
+        count = mb.numel() if rows is None else int(rows.sum())
+        if not count:
+            continue
         hs = final_hidden(base_s, mb)
         ht = hidden[s : s + batch_size] if hidden is not None else final_hidden(base_t, mb)
         ht = ht.rows() if isinstance(ht, TeacherTargets) else ht.reshape(-1, ht.shape[-1])
-        _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht, head_t, use_checkpoint=False)
-        total, n = total + kl * mb.numel(), n + mb.numel()
+        _, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht, head_t, use_checkpoint=False,
+                                        chunk_rows=chunk, row_mask=rows)
+        total, n = total + kl * count, n + count
+    if not n:
+        raise TcalError("the held-out KL has no position to score: its mask marks none")
     return total / n
 
 
 def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor, cfg: KLConfig,
-             progress: bool = False) -> dict:
+             progress: bool = False, train_mask: torch.Tensor | None = None,
+             heldout_mask: torch.Tensor | None = None) -> dict:
     """Train the GDN layers of ``hybrid`` on KL to ``teacher`` over ``train_ids`` (N, T), in place;
-    keep the state of lowest KL on ``heldout_ids``. Returns the record (KL curve, best step, ...)."""
+    keep the state of lowest KL on ``heldout_ids``. Returns the record (KL curve, best step, ...).
+
+    ``train_mask`` / ``heldout_mask`` (N, T) bool: the positions the KL is over (the answer tokens of instruct
+    windows, :mod:`tcal.data.instruct`); None = every position."""
     if heldout_ids.shape[0] == 0:
         raise TcalError("the KL stage needs held-out calibration sequences to pick its state; "
                         "use a held-out fraction > 0")
+    for name, mask, ids in (("train", train_mask, train_ids), ("held-out", heldout_mask, heldout_ids)):
+        if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+            raise TcalError(f"the KL stage's {name} mask is {tuple(mask.shape)}, its sequences {tuple(ids.shape)}")
+    if (train_mask is not None or heldout_mask is not None) and cfg.recall_frac > 0:
+        raise TcalError("the KL stage's recall mix rewrites the ends of its windows, which a loss mask would no "
+                        "longer fit: use one or the other")
     t0 = time.perf_counter()
     if cfg.recall_frac > 0:
         if train_ids.shape[1] < 2 * cfg.recall_span:
@@ -115,7 +166,8 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
         room = memory_budget(dev)
         held_t, used = _teacher_cache(base_t, head_t, heldout_ids, eval_bs, dev, room)
         train_t, _ = _teacher_cache(base_t, head_t, train_ids, cfg.batch_size, dev, room - used)
-    before = mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t)
+    chunk = rows_per_chunk(head_s.weight.shape[0])
+    before = mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t, heldout_mask)
     fit, best_state = begin(before), snapshot(params)
     curve, held_curve = [], [(0, before)]
     steps = range(1, cfg.steps + 1)
@@ -130,6 +182,9 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 set_lr(opt, base_lrs, rules.schedule.lr(step - 1))
                 idx = torch.randint(0, train_ids.shape[0], (min(cfg.batch_size, train_ids.shape[0]),), generator=gen)
                 mb = train_ids[idx].to(dev)
+                rows = _rows(train_mask, idx, dev)
+                if rows is not None and not bool(rows.any()):
+                    continue
                 if train_t is not None:
                     ht = train_t[idx.to(dev)]
                 else:
@@ -137,11 +192,12 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                         ht = final_hidden(base_t, mb)
                 ht = ht.rows() if isinstance(ht, TeacherTargets) else ht.reshape(-1, ht.shape[-1])
                 hs = final_hidden(base_s, mb)
-                # recomputing the logits in the backward only pays when they would not fit: below
-                # 2^28 logits (1 GiB in fp32) it costs a third LM-head pass for nothing
-                big = mb.numel() * head_s.weight.shape[0] > 2**28
+                # chunks of rows_per_chunk rows, each recomputed in the backward once there are several: the
+                # logits of one chunk at a time, where the whole batch's (768 x 151,936 for a Qwen coder at the
+                # reference budget) set a conversion's memory peak
+                n_rows = mb.numel() if rows is None else int(rows.sum())
                 loss, kl, _ = chunked_distill_loss(hs.reshape(-1, hs.shape[-1]), head_s, ht, head_t,
-                                                   use_checkpoint=big)
+                                                   chunk_rows=chunk, use_checkpoint=n_rows > chunk, row_mask=rows)
                 if not math.isfinite(kl):  # checked before the update, which is then never applied
                     fit = nonfinite(rules, fit, step)
                     if fit.stopped:
@@ -156,7 +212,8 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
                 opt.step()
                 curve.append(kl)
                 fit, best_state = heldout_step(rules, fit, step,
-                                               lambda: mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t),
+                                               lambda: mean_kl(hybrid, teacher, heldout_ids, eval_bs, held_t,
+                                                               heldout_mask),
                                                params, best_state, held_curve)
                 if fit.stopped:
                     break
@@ -173,6 +230,8 @@ def kl_stage(hybrid, teacher, train_ids: torch.Tensor, heldout_ids: torch.Tensor
     return {"steps_run": len(curve), "best_step": fit.best_step, "train_kl": curve, "heldout_curve": held_curve,
             "heldout_kl_before": before, "heldout_kl": fit.best,
             "train_tokens": int(train_ids.numel()), "heldout_tokens": int(heldout_ids.numel()),
+            "loss_tokens": {"train": int(train_ids.numel() if train_mask is None else train_mask.sum()),
+                            "heldout": int(heldout_ids.numel() if heldout_mask is None else heldout_mask.sum())},
             "teacher_cached": {"heldout": _cache_kind(held_t), "train": _cache_kind(train_t)},
             "recall": {"frac": cfg.recall_frac, "span": cfg.recall_span},
             "wall_s": time.perf_counter() - t0}

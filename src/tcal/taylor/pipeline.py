@@ -28,7 +28,7 @@ from tcal import ops
 from tcal.taylor import parallel
 from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
 from tcal.taylor.config import AlignConfig, KLConfig
-from tcal.taylor.kl_stage import kl_stage
+from tcal.taylor.kl_stage import KLData, kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
 from tcal.taylor.phase2 import align_layers, concurrent_on
 from tcal.taylor.statistics import TeacherStats, collect_stats
@@ -280,7 +280,7 @@ def align_per_layer(hybrid, calibration: Calibration, align: AlignConfig, batch_
 def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2: bool = False,
               align: AlignConfig | None = None, kl: KLConfig | None = None, batch_size: int = 4,
               progress: bool = False, spread: bool = True, compile: bool | None = None,
-              **phase1_switches) -> dict:
+              kl_data: KLData | None = None, **phase1_switches) -> dict:
     """Run Phase 1 (variant ``phase1``, or none), then Phase 2 (``phase2``) on every GDN layer
     of ``hybrid``, then (``kl`` with steps > 0) the whole-model KL stage, in place. ``calibration`` is a :class:`Calibration` from :func:`prepare` (shared
     by several hybrids of one teacher) or calibration token ids (N, T).
@@ -291,6 +291,9 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     the same arguments: layer-local Phase 2 is spread over the ranks, the KL stage (one
     whole-model fit) runs on rank 0 and its result is broadcast, and every rank returns the same
     hybrid and record. Phase 1 (closed-form, cheap) runs on every rank.
+
+    ``kl_data``: the KL stage's own sequences (instruct windows with their answer masks); None: the calibration's
+    training and held-out sequences.
 
     ``compile``: Phase 2's and the KL stage's gradient calls through the compiled chunked path
     (None: where :func:`tcal.ops.compile_by_default` says, i.e. on GPUs without fla's backward, for windows
@@ -315,7 +318,7 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
     if want != (calibration.train_rows, calibration.heldout_rows):
         raise TcalError(f"the calibration was split with another held-out fraction than align.heldout_frac="
                         f"{align.heldout_frac}; prepare it with the same fraction")
-    if kl is not None and kl.steps and calibration.heldout_rows.stop == calibration.heldout_rows.start:
+    if kl is not None and kl.steps and kl_data is None and calibration.heldout_rows.stop == calibration.heldout_rows.start:
         raise TcalError("the KL stage picks its state on held-out calibration sequences: use heldout_frac > 0")
     record: dict = {"calibration": calibration.record()}
     if calibration.stats is not None:
@@ -339,8 +342,14 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
                 if rank == 0:
                     # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
                     with tf32_matmul(device, kl.tf32 is not False):
-                        kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
-                                             calibration.ids[calibration.heldout_rows], kl, progress=progress)
+                        if kl_data is None:
+                            kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
+                                                 calibration.ids[calibration.heldout_rows], kl, progress=progress)
+                        else:
+                            kl_record = kl_stage(hybrid, teacher, kl_data.train, kl_data.heldout, kl,
+                                                 progress=progress, train_mask=kl_data.train_mask,
+                                                 heldout_mask=kl_data.heldout_mask)
+                            kl_record["data"] = kl_data.record()
                 if world > 1:
                     kl_record = parallel.from_rank0(hybrid.gdn_modules(), kl_record)
                 record["kl"] = kl_record
