@@ -29,8 +29,9 @@ def test_parse_policy_forms():
     assert parse_policy("ga:50%", 30).k == 15
     assert parse_policy([np.int64(2), np.int64(0)], 30).layers == [2, 0]  # numpy / torch integers are integers
     assert parse_policy([torch.tensor(1)], 30).layers == [1]
-    assert POLICIES == ("uniform", "interval", "ar", "ga", "niah")
+    assert POLICIES == ("uniform", "interval", "ar", "ga", "niah", "answer")
     assert parse_policy("niah:4", 30).kind == "niah"
+    assert parse_policy("answer:50%", 24).k == 12
 
 
 def test_parse_keep_and_integer_layer_indices():
@@ -317,3 +318,52 @@ def test_ga_modules_take_the_layer_local_part_of_a_kl_init(monkeypatch):
     gdn_for_every_layer(tiny_teacher("llama"), "taylor", torch.zeros(2, 8, dtype=torch.long))
     assert len(seen) == 2 and all(not s.kl and s.align == "local" and s.phase2 for s in seen)
     assert seen[0].name == "taylor"
+
+
+CODE = """
+def area(r):
+    \"\"\"The area of a circle.\"\"\"
+    x = r * r
+    return x * 3
+
+
+def total(a, b):
+    \"\"\"The sum of a and b.\"\"\"
+    c = a + b
+    return c
+"""
+
+
+def test_answer_selection_scores_the_answers_with_each_attention_layer_removed(tmp_path):
+    from helpers import word_tokenizer
+
+    from tcal.conversion.select import answer_nll, answer_windows
+
+    words = ("def area ( r ) : The of a circle . x = * return 3 total b sum and c + \"\"\" ``` "
+             "Complete Write Implement Here").split()
+    tok = word_tokenizer(words, extra=["<|im_start|>", "<|im_end|>", "user", "assistant"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    teacher = tiny_teacher("llama", vocab_size=len(tok))
+    cfg = SelectionConfig(answer_data="text:" + CODE, answer_tasks=2, answer_window=128,
+                          cache_dir=str(tmp_path / "cache"))
+    ids, mask = answer_windows(tok, cfg)
+    assert ids.shape[1] == 128 and 0 < int(mask.sum()) < ids.numel()
+    sel = select_layers(teacher, "answer:2", tokenizer=tok, cfg=cfg, progress=False)
+    assert sel.score_name == "code_answer_nll_with_layer_attention_removed" and len(sel.scores) == 4
+    assert sel.layers == top_k(sel.scores, 2, largest=True)
+    # each score is the answer NLL of the teacher with that one layer's attention output zeroed
+    base = answer_nll(teacher, ids, mask)
+    with assemble(teacher, [0, 2, 3], {1: _Zero()}):
+        assert answer_nll(teacher, ids, mask) == pytest.approx(sel.scores[1], rel=1e-5)
+    assert base not in sel.scores
+    assert select_layers(teacher, "answer:2", tokenizer=tok, cfg=cfg, progress=False).cached
+    with pytest.raises(TcalError, match="no chat template"):
+        select_layers(teacher, "answer:2", tokenizer=word_tokenizer(words), cfg=cfg, progress=False)
+
+
+class _Zero(torch.nn.Module):
+    """An attention module whose output is zero (what removal_scores' hook makes of a layer)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return torch.zeros_like(hidden_states), None

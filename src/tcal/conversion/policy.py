@@ -7,6 +7,7 @@
     ar:K          attention removal (scored by tcal.conversion.select)
     ga:K          one-attention students (scored by tcal.conversion.select)
     niah:K        attention removal scored by retrieval (scored by tcal.conversion.select)
+    answer:K      attention removal scored by an instruct teacher's answers to code tasks (tcal.conversion.select)
     auto          uniform:50%, scoped to the sliding-window layers on a teacher that mixes them with global ones
 K may be a fraction of the layers: uniform:25%.
 A policy may be scoped to one attention type with @sliding or @full (for teachers that mix sliding-window and
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from tcal.utils.errors import TcalError
 
-POLICIES = ("uniform", "interval", "ar", "ga", "niah")
+POLICIES = ("uniform", "interval", "ar", "ga", "niah", "answer")
 AUTO = "auto"
 INTERVAL = "interval"
 KEEP_HELP = ("layers kept as softmax attention: a list like 0,4,8, or a policy " +

@@ -8,6 +8,10 @@
                   teacher's loss on the answers of needle-in-a-haystack prompts; keep the K layers
                   whose removal costs retrieval most. The prompts use a calibration-side haystack
                   and their own seed, never the evaluation prompts of tcal.evaluate.niah.
+    answer:K      answer removal, for instruct teachers: zero each layer's attention output in turn
+                  and measure the teacher's loss on the answers of chat-format code tasks (the
+                  documented functions of a calibration-side code corpus, tcal.data.instruct); keep the
+                  K layers whose removal costs the answers most.
 
 Scores are measured on a validation slice of the *calibration* split (never on the evaluation
 corpus) and cached by (teacher, data, protocol, init).
@@ -38,10 +42,12 @@ from tcal.conversion.policy import (
 )
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
+from tcal.data.instruct import code_tasks, pack, render
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.evaluate import window_ppl
 from tcal.evaluate.niah import make_samples
+from tcal.modules.distill_loss import final_hidden, lm_parts
 from tcal.utils.atomic import write_json
 from tcal.utils.cache import cache_root
 from tcal.utils.errors import TcalError
@@ -116,6 +122,52 @@ def niah_scores(teacher, tokenizer, cfg: SelectionConfig, *, progress: bool = Tr
         teacher.train(was_training)
 
 
+def answer_windows(tokenizer, cfg: SelectionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, answer mask) of the ``answer`` policy's scoring text: the first ``answer_tasks`` code tasks of
+    ``answer_data`` with their reference answers, in the tokenizer's chat template, packed."""
+    check_no_eval_text(cfg.answer_data, role="layer-scoring code", cache_dir=cfg.cache_dir)
+    tasks = code_tasks(cfg.answer_data, limit=cfg.answer_tasks, cache_dir=cfg.cache_dir)
+    if not tasks:
+        raise TcalError(f"{cfg.answer_data} holds no documented Python functions to score layers on; "
+                        "give answer_data a Python source corpus")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pack([render(tokenizer, t) for t in tasks], cfg.answer_window, pad)
+
+
+@torch.no_grad()
+def answer_nll(model, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 4) -> float:
+    """Mean NLL of the answer tokens of packed instruct windows (``mask`` marks the positions that predict them);
+    the LM head runs on those rows only."""
+    base, head = lm_parts(model)
+    dev = head.weight.device
+    total, n = 0.0, 0
+    for s in range(0, ids.shape[0], batch_size):
+        x, m = ids[s:s + batch_size].to(dev), mask[s:s + batch_size, :-1].to(dev)
+        rows = final_hidden(base, x)[:, :-1][m]
+        total += float(torch.nn.functional.cross_entropy(head(rows).float(), x[:, 1:][m], reduction="sum"))
+        n += int(m.sum())
+    return total / max(1, n)
+
+
+def check_chat_tokenizer(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise TcalError("keep policy answer:K scores layers on chat-format answers: the teacher's tokenizer has no "
+                        "chat template (an instruct model's); use ar:K or niah:K")
+
+
+def answer_scores(teacher, tokenizer, cfg: SelectionConfig, *, progress: bool = True) -> list[float]:
+    """Mean NLL of the code tasks' answer tokens with layer i's attention output zeroed, for every i."""
+    check_chat_tokenizer(tokenizer)
+    ids, mask = answer_windows(tokenizer, cfg)
+    was_training = teacher.training
+    teacher.eval()
+    try:
+        return removal_scores(teacher, lambda: answer_nll(teacher, ids, mask, cfg.batch_size),
+                              desc="answer: remove each attention layer", progress=progress)
+    finally:
+        teacher.train(was_training)
+
+
 def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, progress: bool = False,
                         **init_options) -> dict:
     """An initialised GDN module for every layer of the teacher.
@@ -182,6 +234,11 @@ class SelectionConfig:
     niah_samples: int = 8
     niah_haystack: str = "sotu:calib"
     niah_seed: int = 1
+    # answer: the first answer_tasks documented functions of answer_data, with their own code as the answer, in the
+    # teacher's chat template, packed into windows of answer_window tokens
+    answer_data: str = "code:calib"
+    answer_tasks: int = 16
+    answer_window: int = 1024
 
 
 @dataclass
@@ -254,6 +311,9 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
     if pol.kind == "niah":
         cfg = dataclasses.replace(cfg, niah_length=niah_length_for(teacher, cfg.niah_length))
         extra = {"niah": [cfg.niah_length, cfg.niah_samples, cfg.niah_haystack, cfg.niah_seed]}
+    if pol.kind == "answer":
+        check_chat_tokenizer(tokenizer)
+        extra = {"answer": [cfg.answer_data, cfg.answer_tasks, cfg.answer_window]}
     path = _cache_file(cfg, pol.kind, teacher, extra)
     protocol = {"data": cfg.data, "window": cfg.window, "val_windows": cfg.val_windows,
                 "skip_windows": cfg.skip_windows, **extra}
@@ -265,6 +325,8 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
         if pol.kind == "niah":
             check_no_eval_text(cfg.niah_haystack, role="layer-scoring haystack", cache_dir=cfg.cache_dir)
             scores = niah_scores(teacher, tokenizer, cfg, progress=progress)
+        elif pol.kind == "answer":
+            scores = answer_scores(teacher, tokenizer, cfg, progress=progress)
         elif pol.kind == "ar":
             scores = ar_scores(teacher, validation_windows(tokenizer, cfg), batch_size=cfg.batch_size,
                                progress=progress)
@@ -276,10 +338,11 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"scores": scores, "seconds": seconds, "protocol": protocol})
-    # ar / niah: the layers whose removal hurts most stay; ga: the best one-attention students win.
+    # ar / niah / answer: the layers whose removal hurts most stay; ga: the best one-attention students win.
     picked = top_k([scores[i] for i in cands], pol.k, largest=(pol.kind != "ga"))
     name = {"ar": "ppl_with_layer_attention_removed", "ga": "ppl_keeping_only_this_layer",
-            "niah": "answer_nll_with_layer_attention_removed"}[pol.kind]
+            "niah": "answer_nll_with_layer_attention_removed",
+            "answer": "code_answer_nll_with_layer_attention_removed"}[pol.kind]
     return Selection(label, keep_of([cands[i] for i in picked]), scores, name, seconds, protocol, cached)
 
 
