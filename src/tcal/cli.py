@@ -24,6 +24,8 @@ COMMANDS = {
     "ablate": ("tcal.recipes.ablate", "AblateConfig",
                "every init strategy on the same layers and data: held-out PPL table, plot"),
     "pool": ("tcal.recipes.pool", "PoolConfig", "tokenise packaged real text into a distillation token pool"),
+    "instruct": ("tcal.recipes.instruct", "InstructConfig",
+                 "instruct-format distillation data: code tasks in the teacher's chat template with its own answers"),
     "distill": ("tcal.recipes.distill", "DistillConfig", "distil a hybrid against its frozen teacher's logits"),
     "recover": ("tcal.recipes.recover", "RecoverConfig",
                 "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets"),

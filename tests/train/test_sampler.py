@@ -93,3 +93,29 @@ def test_recall_rows_is_the_mix_per_row():
         want = ids[n] if source is None else torch.cat([ids[n, :-4], ids[n, source:source + 4]])
         assert torch.equal(out[n], want)
     assert not torch.equal(out, ids) and out.dtype == ids.dtype
+
+
+def test_a_mixed_batch_takes_each_streams_rows_in_its_own_order_with_the_answer_mask():
+    from tcal.train.sampler import Stream, mix_rows, mixed_batch_for_step
+
+    seq = 4
+    chat = np.arange(40, dtype=np.uint32)  # 10 windows
+    mask = (np.arange(40) % 4 >= 2)
+    raw = np.arange(1000, 1040, dtype=np.uint32)
+    a = Stream(chat, WindowOrder(10, seed=3), mask)
+    b = Stream(raw, WindowOrder(10, seed=4))
+    assert mix_rows(4, 0.25) == 1 and mix_rows(4, 0.0) == 0 and mix_rows(4, 0.9) == 3 and mix_rows(2, 0.1) == 1
+    ids, m = mixed_batch_for_step([(a, 3), (b, 1)], seq, step=2)
+    assert ids.shape == (4, seq) and m.shape == (4, seq)
+    # the chat rows are samples 6, 7, 8 of the chat order; the raw row is sample 2 of its own
+    for r, sample in enumerate((6, 7, 8)):
+        w = a.order.window(sample)
+        assert ids[r].tolist() == list(range(w * seq, w * seq + seq))
+        assert m[r].tolist() == mask[w * seq:(w + 1) * seq].tolist()
+    w = b.order.window(2)
+    assert ids[3].tolist() == list(range(1000 + w * seq, 1000 + w * seq + seq)) and bool(m[3].all())
+    # one rank's rows are the same rows
+    part, part_mask = mixed_batch_for_step([(a, 3), (b, 1)], seq, step=2, rows=range(2, 4))
+    assert torch.equal(part, ids[2:]) and torch.equal(part_mask, m[2:])
+    # no mask anywhere: none comes back
+    assert mixed_batch_for_step([(b, 2)], seq, step=0)[1] is None

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tcal.data import pool
+from tcal.data import instruct, pool
 from tcal.data.corpora import as_corpus, path_exists
 from tcal.data.tokens import corpus_tokens, mixed_windows, tokenizer_id
 from tcal.utils.errors import TcalError
@@ -78,3 +78,21 @@ def eval_windows_for(data, tokenizer, window: int, windows: int, *, cache_dir=No
     return torch.from_numpy(ids), info["name"]
 
 
+
+
+def load_training_data(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """``(tokens, mask, info)`` of training data: an instruct set (:mod:`tcal.data.instruct`; its packed windows
+    flattened, with the flat answer mask, and ``info["seq_len"]`` the window length the windows must be read at),
+    or anything :func:`load_token_stream` reads (mask None)."""
+    if isinstance(data, (str, os.PathLike)) and instruct.is_instruct_set(data):
+        ids, mask, manifest = instruct.load_instruct_set(data)
+        want = (manifest.get("tokenizer") or {}).get("id")
+        if tokenizer is not None and want and want != tokenizer_id(tokenizer):
+            raise TcalError(f"instruct set {data} was tokenised by tokenizer {want}, not the teacher's "
+                            f"({tokenizer_id(tokenizer)}); build it with `tcal instruct --teacher` of this teacher")
+        return ids.reshape(-1), mask.reshape(-1), {
+            "kind": "instruct", "name": str(data), "tokens": int(ids.size), "seq_len": int(ids.shape[1]),
+            "loss_tokens": int(manifest.get("loss_tokens", 0)), "answers": manifest.get("answers"),
+            "sources": list((manifest.get("sources") or {}).keys())}
+    tokens, info = load_token_stream(data, tokenizer, cache_dir=cache_dir)
+    return tokens, None, info

@@ -74,6 +74,11 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> Non
         save_model(student, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        best = partial_dir(out) / "best"
+        if report.get("best") and best.is_dir():  # the checkpoint the development answers picked
+            shutil.move(str(best), str(tmp / "best"))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / "best")
         (tmp / "curve.csv").write_text(curve_csv(report["curve"]))
         plot_curve(report["curve"], tmp / "curve.png", teacher_ppl=report["teacher_ppl"], title=title,
                    teacher_probes=report.get("teacher_probes"))
@@ -100,9 +105,7 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
 def _run(cfg: DistillConfig, world, callback) -> dict:
     import torch
 
-    from tcal.data.corpora import check_disjoint
-    from tcal.data.overlap import check_no_eval_text
-    from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.data.streams import eval_windows_for
     from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_tokenizer_dir
     from tcal.data.tokens import window_prefix
@@ -126,10 +129,8 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
             say(f"{cfg.out} is already finished; nothing to resume")
             return done
     out = check_out(cfg.out, "distill", cfg.overwrite)
-    check_disjoint(cfg.data, cfg.eval)
-    # a pool or a .npy file holds token ids (a pool's text was checked when it was built)
-    check_no_eval_text(cfg.data, [cfg.eval] + ([cfg.eval_passkey_haystack] if cfg.eval_passkey.strip() else []),
-                       role="training data")
+    # a pool, a .npy file or an instruct set holds token ids (a pool's text was checked when it was built)
+    check_training_data(cfg, [cfg.eval_passkey_haystack] if cfg.eval_passkey.strip() else [])
     resuming = cfg.resume and has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
@@ -142,16 +143,18 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     elif Path(cfg.hybrid).is_dir():  # the checkpoint holds the weights only: the hybrid's tokenizer is still its own
         tok_s = load_tokenizer_dir(cfg.hybrid, required=False)
     tokenizer = tok_s or tok_t
-    train_tokens, info = load_token_stream(cfg.data, tokenizer)
+    train_tokens, train_mask, mix_tokens, info = training_streams(cfg, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer)}
+    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer),
+              **answer_probes(cfg, teacher)}
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
     with removed_unless_resumable(out, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
-                                  world=world, probes=probes, prefix=prefix)
+                                  world=world, probes=probes, prefix=prefix, train_mask=train_mask,
+                                  mix_tokens=mix_tokens)
     report.update(budget_tokens=cfg.tokens, data=info)
     if not main:
         return report
@@ -168,6 +171,36 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
                                                               if world.distributed else ""))
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return report
+
+
+def check_training_data(cfg, extra_eval=()) -> None:
+    """--data and --mix-data hold no evaluation text (a pool or an instruct set was checked when it was built)."""
+    from tcal.data.corpora import check_disjoint
+    from tcal.data.overlap import check_no_eval_text
+
+    for spec in (cfg.data, cfg.mix_data) if cfg.mix_data.strip() else (cfg.data,):
+        check_disjoint(spec, cfg.eval)
+        check_no_eval_text(spec, [cfg.eval, *extra_eval], role="training data")
+
+
+def training_streams(cfg, tokenizer):
+    """(tokens, answer mask or None, --mix-data's tokens or None, what was read) of a run's training data; an
+    instruct set (tcal instruct) must be read at its own window length."""
+    from tcal.data.streams import load_token_stream, load_training_data
+    from tcal.utils.errors import TcalError
+
+    tokens, mask, info = load_training_data(cfg.data, tokenizer)
+    if mask is not None and cfg.seq_len != info["seq_len"]:
+        raise TcalError(f"--data {cfg.data} is an instruct set of {info['seq_len']}-token windows: "
+                        f"use --seq-len {info['seq_len']}")
+    if mask is not None and cfg.recall_frac > 0 and not cfg.mix_data.strip():
+        raise TcalError("--recall-frac copies spans into raw text and --data is an instruct set, whose windows are "
+                        "whole answers: give the raw text as --mix-data, or drop --recall-frac")
+    mix = None
+    if cfg.mix_data.strip():
+        mix, mix_info = load_token_stream(cfg.mix_data, tokenizer)
+        info = {**info, "mix": {**mix_info, "frac": cfg.mix_frac}}
+    return tokens, mask, mix, info
 
 
 def passkey_probes(cfg, tokenizer, model) -> dict:
@@ -187,6 +220,23 @@ def passkey_probes(cfg, tokenizer, model) -> dict:
     check_lengths(model, lengths)
     check_disjoint(cfg.data, cfg.eval_passkey_haystack)
     return retrieval_probes(tokenizer, lengths, cfg.eval_passkey_samples, haystack=cfg.eval_passkey_haystack)
+
+
+def answer_probes(cfg, teacher) -> dict:
+    """``answer_kl``: the KL to the teacher on the answers of an instruct set's development tasks (``--data``, when it
+    is one and holds them), at every curve point; the run keeps its checkpoint of lowest answer_kl as OUT/best."""
+    from tcal.data.instruct import is_instruct_set, load_instruct_dev
+    from tcal.taylor.kl_stage import mean_kl
+
+    dev = load_instruct_dev(cfg.data) if is_instruct_set(cfg.data) else None
+    if dev is None:
+        return {}
+    ids, mask = dev
+
+    def answer_kl(model) -> float:
+        return mean_kl(model, teacher, ids, 8, mask=mask)
+
+    return {"answer_kl": answer_kl}
 
 
 def code_probes(cfg, tokenizer) -> dict:

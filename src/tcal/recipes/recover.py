@@ -22,7 +22,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.recipes.distill import DistillConfig, code_probes, finish_run, passkey_probes, start_partial
+from tcal.recipes.distill import (
+    DistillConfig,
+    answer_probes,
+    check_training_data,
+    code_probes,
+    finish_run,
+    passkey_probes,
+    start_partial,
+    training_streams,
+)
 from tcal.taylor.budget import CalibArgs
 from tcal.train.config import SCHEDULES, TrainOptions
 from tcal.utils.config import GDNArgs, OutArgs, TeacherArgs, arg
@@ -94,9 +103,8 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
     if any(get_init(i).calibrated for i in inits):
         cfg.check_calib()
-    check_disjoint(cfg.data, cfg.eval)
+    check_training_data(cfg)  # a pool, a .npy file or an instruct set holds token ids, not text
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    check_no_eval_text(cfg.data, [cfg.eval], role="training data")  # a pool or a .npy file holds token ids, not text
     if any(get_init(i).calibrated for i in inits):
         check_no_eval_text(cfg.calib, [cfg.eval], role="calibration data")
     work = partial_dir(out)
@@ -174,7 +182,7 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
         calib_ids, _ = eval_windows_for(cfg.calib, tokenizer, cfg.calib_window, cfg.calib_windows)
         kw = {"calib_ids": calib_ids, "align": budget.align, "progress": cfg.progress and main}
         if spec.kl:
-            kw["kl"] = budget.kl
+            kw.update(kl=budget.kl, tokenizer=tokenizer, **cfg.kl_options(budget))
     t1 = time.time()
     torch.manual_seed(cfg.seed)
     conv = convert_with_record(teacher, keep, init, seed=cfg.seed, use_short_conv=cfg.use_short_conv,
@@ -224,7 +232,7 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
 def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     import torch
 
-    from tcal.data.streams import eval_windows_for, load_token_stream
+    from tcal.data.streams import eval_windows_for
     from tcal.data.tokens import window_prefix
     from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer, partial_dir
@@ -237,9 +245,10 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     t0 = time.time()
     teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     load_s = time.time() - t0
-    train_tokens, data_info = load_token_stream(cfg.data, tokenizer)
+    train_tokens, train_mask, mix_tokens, data_info = training_streams(cfg, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer)}  # the same prompts for every init
+    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer),  # the same for every init
+              **answer_probes(cfg, teacher)}
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
@@ -270,8 +279,10 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
         partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
+                                  teacher_probes=next((r["teacher_probes"] for r in reports.values()
+                                                       if r.get("teacher_probes")), None),
                                   settings=dataclasses.asdict(dcfg), callback=callback, world=world,
-                                  probes=probes, prefix=prefix)
+                                  probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
@@ -300,14 +311,14 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
 
 
 def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s) -> dict:
-    from tcal.report.plots import plot_recovery
-    from tcal.report.targets import table_markdown, target_table
+    from tcal.report.plots import plot_recovery, plot_scores
+    from tcal.report.targets import score_table, score_table_markdown, table_markdown, target_table
     from tcal.utils.atomic import publish, write_json, written_files
 
     curves = {init: reports[init]["curve"] for init in inits}
     table = target_table(curves, teacher_ppl)
     run_keys = ("zero_shot_ppl", "final_ppl", "tokens", "steps", "epochs", "train_tokens_per_s", "train_s",
-                "elapsed_s", "peak_memory", "device", "precision", "trainable_params")
+                "elapsed_s", "peak_memory", "device", "precision", "trainable_params", "teacher_probes", "best")
     summary = {
         "status": "done", "teacher": cfg.teacher, "teacher_ppl": teacher_ppl, "keep": keep, "inits": inits,
         "eval": {"data": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows},
@@ -318,6 +329,18 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
         "teacher_load_s": load_s,
     }
     md = table_markdown(table)
+    teacher_probes = next((r.get("teacher_probes") for r in reports.values() if r.get("teacher_probes")), None) or {}
+    if "humaneval" in teacher_probes:  # recovery judged by the answers the runs write, beside PPL
+        scores = score_table(curves, "humaneval", teacher_probes["humaneval"])
+        summary["humaneval"] = jsonable(scores)
+        md += "\n## HumanEval pass@1: tokens to reach each share of the teacher's\n\n" + score_table_markdown(scores)
+        plot_scores(curves, "humaneval", teacher_probes["humaneval"], work / "recovery-humaneval.png",
+                    title=f"{cfg.teacher}, HumanEval pass@1 by distillation tokens")
+    best = {init: reports[init].get("best") for init in inits if reports[init].get("best")}
+    if best:
+        summary["best"] = best
+        md += ("\nBest checkpoint per run (lowest answer KL on the instruct set's development tasks; OUT/<init>/best): "
+               + "; ".join(f"{i} at {b['tokens']:,} tokens" for i, b in best.items()) + "\n")
     (work / "recovery.md").write_text(md)
     write_json(work / "recovery.json", summary)
     plot_recovery(curves, teacher_ppl, work / "recovery.png", table=table,

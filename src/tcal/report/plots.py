@@ -41,7 +41,8 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
                teacher_probes: dict | None = None) -> str | None:
     """Eval PPL (log scale) and train loss against training tokens, and the probe scores (``--eval-passkey``)
     when the rows hold any, each with the teacher's as a dashed line; returns the path or None."""
-    probes = probe_fields(rows)
+    # accuracies (passkey, pass@1) share a [0, 1] panel; the development answer KL goes beside the train loss
+    probes = [n for n in probe_fields(rows) if n != "answer_kl"]
     fig = _figure((16 if probes else 11, 4))
     axes = fig.subplots(1, 3 if probes else 2)
     a, b = axes[0], axes[1]
@@ -60,6 +61,10 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     b.set_xlabel("training tokens")
     b.set_ylabel("train loss (mean since previous eval)")
     b.grid(True, alpha=0.3)
+    dev = [(r["tokens"], r["answer_kl"]) for r in rows if isinstance(r.get("answer_kl"), float)]
+    if dev:
+        b.plot(*zip(*dev), "s--", ms=3, color="C3", label="development answer KL")
+        b.legend(fontsize=8)
     if probes:
         c = axes[2]
         for name in probes:
@@ -72,6 +77,28 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
         c.set_ylabel("accuracy (dashed: teacher)")
         c.grid(True, alpha=0.3)
         c.legend(fontsize=8)
+    return _finish(fig, path, title)
+
+
+def plot_scores(curves: dict, name: str, teacher_score: float, path, *, title: str = "") -> str:
+    """One score (``humaneval`` pass@1) against distillation tokens, a line per init, the teacher's dashed with
+    80 % and 90 % of it dotted."""
+    fig = _figure((7, 4.2))
+    ax = fig.subplots()
+    for init, curve in curves.items():
+        pts = sorted((r["tokens"] / 1e6, r[name]) for r in curve if isinstance(r.get(name), (int, float)))
+        if pts:
+            ax.plot(*zip(*pts), "o-", ms=4, label=init)
+    ax.axhline(teacher_score, color="k", ls="--", lw=1, label=f"teacher {teacher_score:.3f}")
+    for f in (0.8, 0.9):
+        ax.axhline(f * teacher_score, color="gray", ls=":", lw=0.8)
+        ax.annotate(f"{f:.0%} of the teacher", (1.0, f * teacher_score), xycoords=("axes fraction", "data"),
+                    xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="gray")
+    ax.set_ylim(0, max(1e-3, teacher_score) * 1.15)
+    ax.set_xlabel("distillation tokens (millions)")
+    ax.set_ylabel(name)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
     return _finish(fig, path, title)
 
 

@@ -119,3 +119,55 @@ def table_markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+
+SCORE_FRACTIONS = (0.8, 0.9)
+
+
+def tokens_to_score(curve, name: str, target: float) -> dict:
+    """When a curve first reaches a score ``name`` (higher is better, e.g. ``humaneval`` pass@1) of at least
+    ``target``: ``reached``, ``tokens`` (the first evaluation point at or above it), ``budget``, ``display``."""
+    pts = sorted((int(r["tokens"]), float(r[name])) for r in curve if isinstance(r.get(name), (int, float)))
+    if not pts:
+        raise TcalError(f"the curve has no {name!r} score at any point")
+    budget = pts[-1][0]
+    for t, v in pts:
+        if v >= target - 1e-12:
+            return {"reached": True, "tokens": t, "budget": budget, "display": f"{t:,}"}
+    return {"reached": False, "tokens": None, "budget": budget, "display": f"> {budget:,}"}
+
+
+def score_table(curves: dict, name: str, teacher_score: float, *, baseline: str = BASELINE,
+                fractions: Sequence[float] = SCORE_FRACTIONS) -> dict:
+    """Tokens each run needs to reach each fraction of the teacher's score ``name`` (pass@1), with the ratio
+    baseline / run, and each run's best and last score: ``{"name", "teacher", "inits", "targets": [...], "runs":
+    {init: {"first", "best", "last"}}}``."""
+    rows = []
+    for f in fractions:
+        target = f * teacher_score
+        runs = {init: tokens_to_score(c, name, target) for init, c in curves.items()}
+        ratio = ({init: _ratio(runs[baseline], r) for init, r in runs.items() if init != baseline}
+                 if baseline in runs else {})
+        rows.append({"name": f"{f:.0%} of the teacher's {name}", "target": target, "runs": runs, "ratio": ratio})
+    summary = {}
+    for init, c in curves.items():
+        vals = [(int(r["tokens"]), float(r[name])) for r in c if isinstance(r.get(name), (int, float))]
+        summary[init] = {"first": vals[0][1], "best": max(v for _, v in vals), "last": vals[-1][1]}
+    return {"name": name, "teacher": teacher_score, "baseline": baseline, "inits": list(curves), "targets": rows,
+            "runs": summary}
+
+
+def score_table_markdown(table: dict) -> str:
+    inits, base, name = table["inits"], table["baseline"], table["name"]
+    others = [i for i in inits if i != base] if base in inits else []
+    head = ["target", name] + [f"{i}: tokens" for i in inits] + [f"{base}/{i}" for i in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table["targets"]:
+        cells = [row["name"], f"{row['target']:.3f}"] + [row["runs"][i]["display"] for i in inits]
+        cells += [row["ratio"][i]["display"] for i in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| init | " + name + " before | best | last |", "|---|---:|---:|---:|"]
+    lines += [f"| {i} | {r['first']:.3f} | {r['best']:.3f} | {r['last']:.3f} |" for i, r in table["runs"].items()]
+    lines += ["", f"Teacher {name} {table['teacher']:.3f}. \"tokens\": the first evaluation point at or above the "
+              "target (\"> N\": not reached within the N tokens trained)."]
+    return "\n".join(lines) + "\n"

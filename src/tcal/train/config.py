@@ -38,6 +38,9 @@ class TrainOptions(EvalArgs, DeviceArgs):
                                   "themselves (KL on the copy asks the student to find text far back in its "
                                   "context, as retrieval does); 0 = plain text")
     recall_span: int = arg(256, "tokens in each copied span of --recall-frac (at most half of --seq-len)")
+    mix_data: str = arg("", "a second training stream mixed into every batch (a token pool, .npy file or corpus): "
+                            "raw text beside an instruct set given as --data; empty = none")
+    mix_frac: float = arg(0.25, "share of every batch's sequences that --mix-data fills (rounded; at least one)")
     kl_chunk: int = arg(1024, "token rows per chunk of the vocabulary-wide KL (bounds the logits' memory)")
     train: str = arg("gdn", "parameters that train: the GDN layers only, or all", choices=TRAIN_SETS)
     gradient_checkpointing: bool = arg(False, "recompute decoder layers in the backward pass (less memory, slower)")
@@ -121,6 +124,10 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"--micro-batch {cfg.micro_batch} must divide --batch-size {cfg.batch_size} (or be 0)")
     if not 0.0 <= cfg.ce_weight <= 1.0:
         raise TcalError(f"--ce-weight must be in [0, 1], got {cfg.ce_weight}")
+    if not 0.0 <= cfg.mix_frac < 1.0 or not math.isfinite(cfg.mix_frac):
+        raise TcalError(f"--mix-frac must be in [0, 1) (the rest of each batch is --data), got {cfg.mix_frac}")
+    if cfg.mix_data.strip() and cfg.batch_size < 2:
+        raise TcalError("--mix-data shares each batch with --data: use --batch-size of at least 2")
     if not 0.0 <= cfg.recall_frac <= 1.0:
         raise TcalError(f"--recall-frac must be in [0, 1], got {cfg.recall_frac}")
     if cfg.recall_frac > 0 and not 1 <= cfg.recall_span <= cfg.seq_len // 2:

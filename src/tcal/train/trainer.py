@@ -27,7 +27,7 @@ from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
-from tcal.train.sampler import WindowOrder, batch_for_step
+from tcal.train.sampler import Stream, WindowOrder, batch_for_step, mix_rows, mixed_batch_for_step
 from tcal.utils.atomic import atomic_dir, write_json
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import FitRules, FitState, nonfinite
@@ -37,6 +37,10 @@ from tcal.utils.schedule import Schedule, crossed, warmup_steps
 log = logging.getLogger(__name__)
 
 ADAM_BETAS = (0.9, 0.95)
+# The curve probe that picks a run's best checkpoint, where the data has one (an instruct set's development answers:
+# tcal.recipes.distill.answer_probes): lower is better. Pass@1 moves by whole problems between points and the
+# problems are the evaluation's, so the rule never reads it.
+BEST_BY = "answer_kl"
 # 2: the optimizer state is keyed by parameter name (FQN), full, so any world size reads it;
 # 1: ``optimizer.state_dict()`` (keyed by index), still read by single-process runs
 STATE_VERSION = 2
@@ -89,7 +93,8 @@ class Trainer:
 
     def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
                  eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None,
-                 probes: Mapping[str, Callable[[nn.Module], float]] | None = None, prefix: tuple[int, ...] = ()):
+                 probes: Mapping[str, Callable[[nn.Module], float]] | None = None, prefix: tuple[int, ...] = (),
+                 train_mask: np.ndarray | None = None, mix_tokens: np.ndarray | None = None):
         check_train_options(cfg, tokens)
         self.cfg = cfg
         self.prefix = tuple(int(t) for t in prefix)  # starts every training window (tcal.train.sampler)
@@ -111,8 +116,27 @@ class Trainer:
                               eval_every=cfg.eval_every, tokens_per_step=self.tokens_per_step,
                               eval_early=cfg.eval_early, on_nonfinite="raise")
         self.train_tokens, self.eval_ids = train_tokens, eval_ids
-        self.n_windows = int(train_tokens.shape[0]) // (cfg.seq_len - len(self.prefix))
+        # an instruct set's windows are whole packed samples: no prefix is put before them, no copy into them
+        body = cfg.seq_len - (0 if train_mask is not None else len(self.prefix))
+        self.n_windows = int(train_tokens.shape[0]) // body
         self.order = WindowOrder(self.n_windows, cfg.seed)
+        # the streams a batch is drawn from where the data has an answer mask or a second stream is mixed in
+        # (tcal.train.sampler.mixed_batch_for_step); None: one plain stream (batch_for_step)
+        self.streams = None
+        if train_mask is not None or mix_tokens is not None:
+            if train_mask is not None and train_mask.shape != train_tokens.shape:
+                raise TcalError(f"the training mask has {train_mask.shape[0]} positions for {train_tokens.shape[0]} "
+                                "tokens; rebuild the instruct set")
+            n_mix = mix_rows(cfg.batch_size, cfg.mix_frac) if mix_tokens is not None else 0
+            main = Stream(train_tokens, self.order, train_mask,
+                          *((self.prefix, cfg.recall_frac, cfg.recall_span) if train_mask is None else ()))
+            self.streams = [(main, cfg.batch_size - n_mix)]
+            if n_mix:
+                n_mix_windows = int(mix_tokens.shape[0]) // (cfg.seq_len - len(self.prefix))
+                # the mixed stream's order has a seed of its own, so that a mix of one stream with itself is not
+                # the same windows twice
+                self.streams.append((Stream(mix_tokens, WindowOrder(n_mix_windows, cfg.seed + 1), None, self.prefix,
+                                            cfg.recall_frac, cfg.recall_span), n_mix))
         self.main = self.world.is_main()
         # scores beside the PPL at every curve point (e.g. passkey@4096: tcal.evaluate.niah.retrieval_probes)
         self.probes = dict(probes or {})
@@ -159,6 +183,7 @@ class Trainer:
         self.elapsed_before, self.train_s, self.segments = 0.0, 0.0, 1
         self.teacher_ppl: float | None = None
         self.teacher_probes: dict[str, float] | None = None
+        self.best: dict | None = None  # the curve point of lowest BEST_BY so far, its weights in PARTIAL/best
         self._t_start = time.time()
 
     def _check_vocab(self) -> None:
@@ -190,15 +215,22 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr(self.step_count)
         # this rank's rows of the global batch (all of it in one process)
-        ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size,
-                             rows=self.rows, recall_frac=cfg.recall_frac, recall_span=cfg.recall_span,
-                             prefix=self.prefix)
+        mask = None
+        if self.streams is None:
+            ids = batch_for_step(self.train_tokens, self.order, cfg.seq_len, self.step_count, cfg.batch_size,
+                                 rows=self.rows, recall_frac=cfg.recall_frac, recall_span=cfg.recall_span,
+                                 prefix=self.prefix)
+        else:
+            ids, mask = mixed_batch_for_step(self.streams, cfg.seq_len, self.step_count, rows=self.rows)
+            mask = None if mask is None else mask.to(self.device)
         ids = ids.to(self.device)
         micro = cfg.micro_batch or self.local_batch
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         for i in range(0, self.local_batch, micro):
             mb = ids[i:i + micro]
+            # every packed instruct window holds an answer (tcal.data.instruct.pack), so no micro-batch is empty
+            rows = None if mask is None else mask[i:i + micro].reshape(-1)
             labels = torch.full_like(mb, -100)
             labels[:, :-1] = mb[:, 1:]
             with autocast(self.device, self.amp):
@@ -207,10 +239,11 @@ class Trainer:
                 hs = self.hidden_s(mb)
                 loss, _, _ = chunked_distill_loss(
                     hs.reshape(-1, hs.shape[-1]), head_s, ht.reshape(-1, ht.shape[-1]), head_t,
-                    labels.reshape(-1), ce_weight=cfg.ce_weight, chunk_rows=cfg.kl_chunk,
+                    labels.reshape(-1), ce_weight=cfg.ce_weight, chunk_rows=cfg.kl_chunk, row_mask=rows,
                 )
-            # the mean over this rank's rows; FSDP2 averages the gradients over the ranks' equal shares
-            frac = mb.shape[0] / self.local_batch
+            # the mean over this rank's rows (with a mask: over its loss positions); FSDP2 averages the gradients
+            # over the ranks' shares
+            frac = mb.shape[0] / self.local_batch if rows is None else int(rows.sum()) / int(mask.sum())
             (loss * frac).backward()
             step_loss += float(loss.detach()) * frac
             del hs, ht, loss
@@ -242,6 +275,17 @@ class Trainer:
         self.loss_sum, self.loss_count = 0.0, 0
         return row
 
+    def keep_best(self, row: dict, partial: Path) -> None:
+        """Save the student as ``partial/best`` when ``row`` (a curve point) has the lowest :data:`BEST_BY` so far."""
+        value = row.get(BEST_BY)
+        if value is None or not math.isfinite(value) or (self.best is not None and value >= self.best[BEST_BY]):
+            return
+        self.best = {"tokens": row["tokens"], "step": row["step"], BEST_BY: value}
+        if self.main:
+            with atomic_dir(partial / "best", replace=True) as tmp:
+                save_model(self.student, tmp)
+                write_json(tmp / "best.json", self.best)
+
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -250,6 +294,7 @@ class Trainer:
             "curve": self.curve, "loss_sum": self.loss_sum, "loss_count": self.loss_count,
             "elapsed_s": self.elapsed(), "train_s": self.train_s, "teacher_ppl": self.teacher_ppl,
             "teacher_probes": self.teacher_probes, "segments": self.segments, "config": self.settings,
+            "best": self.best,
             "scheduler": {"kind": self.cfg.schedule, "warmup_steps": self.warmup_steps,
                           "total_steps": self.total_steps, "next_step": self.step_count},
         }
@@ -260,6 +305,7 @@ class Trainer:
         self.elapsed_before, self.train_s = st["elapsed_s"], st["train_s"]
         self.teacher_ppl = st.get("teacher_ppl", self.teacher_ppl)
         self.teacher_probes = st.get("teacher_probes", self.teacher_probes)
+        self.best = st.get("best")
         self.segments = st.get("segments", 0) + 1
         self._t_start = time.time()
 
@@ -334,7 +380,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if not self.curve:
-            self.add_eval_point()
+            self.keep_best(self.add_eval_point(), partial)
             if main:
                 (partial / "curve.csv").write_text(curve_csv(self.curve))
         bar = tqdm(total=self.total_steps * tps, initial=self.step_count * tps, unit="tok", unit_scale=True,
@@ -358,6 +404,7 @@ class Trainer:
                     bar.update(tps)
                     if self.rules.check_due(s):
                         row = self.add_eval_point()
+                        self.keep_best(row, partial)
                         if main:
                             (partial / "curve.csv").write_text(curve_csv(self.curve))
                         self.student.train()
@@ -382,7 +429,7 @@ class Trainer:
             "zero_shot_ppl": self.curve[0]["eval_ppl"] if self.curve else None,
             "final_ppl": self.curve[-1]["eval_ppl"] if self.curve else None,
             "train_tokens_per_s": (self.step_count * tps) / self.train_s if self.train_s > 0 else None,
-            "train_s": self.train_s, "elapsed_s": self.elapsed(), "segments": self.segments,
+            "train_s": self.train_s, "elapsed_s": self.elapsed(), "segments": self.segments, "best": self.best,
             "peak_memory": peak_memory(self.device), "device": str(self.device),
             "world_size": self.world.world_size, "teacher_placement": self.placement,
             "precision": "bf16 autocast" if self.amp is not None else "fp32", "gdn_compile": self.gdn_compile,
@@ -393,9 +440,11 @@ class Trainer:
 
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
             partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
+            teacher_probes: dict | None = None,
             callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
             probes: Mapping[str, Callable[[nn.Module], float]] | None = None,
-            prefix: tuple[int, ...] = ()) -> tuple[dict, object]:
+            prefix: tuple[int, ...] = (), train_mask: np.ndarray | None = None,
+            mix_tokens: np.ndarray | None = None) -> tuple[dict, object]:
     """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
 
     ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
@@ -426,8 +475,10 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     if world.is_main():
         partial.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
-                      settings=settings, world=world, probes=probes, prefix=prefix)
+                      settings=settings, world=world, probes=probes, prefix=prefix, train_mask=train_mask,
+                      mix_tokens=mix_tokens)
     trainer.teacher_ppl = teacher_ppl
+    trainer.teacher_probes = teacher_probes  # the same prompts score the teacher once for several runs (recover)
     if resume_state is not None:
         trainer.resume_from(ckpt)
     else:

