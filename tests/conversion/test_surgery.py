@@ -5,8 +5,8 @@ from helpers import tiny_teacher
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import tcal
+from tcal import families
 from tcal.conversion.surgery import (
-    SUPPORTED_FAMILIES,
     build_hybrid,
     check_keep,
     check_teacher,
@@ -95,8 +95,7 @@ def test_build_hybrid_matches_convert_copy_and_config(family):
     with pytest.raises(TcalError, match="unknown GDN option 'warp'"):
         hybrid_config_for(teacher, KEEP, warp=1)
     assert check_keep([2, 0], 4) == [0, 2] and check_keep((i for i in [3]), 4) == [3]
-    check_teacher(teacher)
-    assert family in SUPPORTED_FAMILIES
+    assert check_teacher(teacher) is families.get(family)
 
 
 @pytest.mark.parametrize(
@@ -119,8 +118,9 @@ def test_bad_keep_lists(keep, message):
 
 def test_unsupported_architecture_names_supported_families():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50))
-    with pytest.raises(TcalError, match=r"unsupported architecture 'gpt2'; tcal converts llama, qwen2, qwen3, mistral"):
+    with pytest.raises(TcalError, match=r"unsupported architecture 'gpt2'; tcal converts ") as e:
         tcal.convert(gpt2, keep=[0])
+    assert all(f.model_type in str(e.value) for f in families.FAMILIES.values())
 
 
 def test_converting_a_hybrid_is_refused():

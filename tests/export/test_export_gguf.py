@@ -5,10 +5,12 @@ import json
 import gguf
 import llama_cpp
 import numpy as np
+import pytest
 import torch
 from helpers import assert_close, target_hybrid, tiny_teacher
 
 import tcal
+from tcal import families
 from tcal.cli import main
 
 
@@ -57,13 +59,19 @@ def test_f32_gguf_is_the_hybrid(tmp_path, capsys, family, short_conv):
     assert gguf_greedy(path, ids[:10], 64) == greedy[0, 10:].tolist()
 
 
+@pytest.mark.parametrize("family", [f.name for f in families.FAMILIES.values() if f.teacher_gguf])
 def test_teacher_gguf_in_its_own_architecture(tmp_path, family):
-    """The llama.cpp rows' teacher: Llama and Mistral as llama.cpp's llama (RoPE rows interleaved), Qwen2 and Qwen3
-    as qwen2 / qwen3, with the teacher's logits."""
+    """The llama.cpp rows' teacher, for every family that says teacher_gguf: Llama and Mistral as llama.cpp's llama
+    (RoPE rows interleaved), Qwen2 and Qwen3 as qwen2 / qwen3, with the teacher's logits."""
+    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.data.teachers import gguf_architecture
     from tcal.export.gguf import write_teacher_gguf
 
     teacher = tiny_teacher(family)
     write_teacher_gguf(teacher, tmp_path / "t.gguf", "f32")
+    # written in the architecture its family is read back as, and accepted as a teacher
+    assert families.get(family) in families.by_gguf_architecture(gguf_architecture(tmp_path / "t.gguf"))
+    check_teacher_spec(str(tmp_path / "t.gguf"))
     ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(9)).tolist()
     with torch.no_grad():
         want = teacher(input_ids=torch.tensor([ids])).logits[0]
@@ -104,9 +112,8 @@ def byte_bpe_tokenizer(vocab_size=320):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from tcal.export.vocab import _SPLIT_PRE
+    from tcal.families.llama import LLAMA3_SPLIT as regex
 
-    regex = next(r for r, n in _SPLIT_PRE.items() if n == "llama-bpe")
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"),
                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

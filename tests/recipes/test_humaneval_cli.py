@@ -90,8 +90,8 @@ def test_a_gguf_of_an_architecture_tcal_does_not_convert_is_refused_before_it_lo
     import gguf
     import numpy as np
 
-    path = tmp_path / "phi.gguf"
-    w = gguf.GGUFWriter(str(path), "phi3")
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(str(path), "falcon")
     w.add_block_count(2)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     w.write_header_to_file()
@@ -99,9 +99,9 @@ def test_a_gguf_of_an_architecture_tcal_does_not_convert_is_refused_before_it_lo
     w.write_tensors_to_file()
     w.close()
     out = tmp_path / "out"
-    one_error(capsys, "is a GGUF of architecture 'phi3', which tcal does not convert", "convert", "--teacher", path,
+    one_error(capsys, "is a GGUF of architecture 'falcon', which tcal does not convert", "convert", "--teacher", path,
               "--out", out)
-    one_error(capsys, "architecture 'phi3'", "ablate", "--teacher", path, "--out", out)
+    one_error(capsys, "architecture 'falcon'", "ablate", "--teacher", path, "--out", out)
     assert not out.exists()
 
 

@@ -30,7 +30,7 @@ class Part:
 class BuiltinTeacher:
     name: str
     summary: str  # one line: --help, error messages, docs
-    family: str  # the transformers model_type the GGUF loads as
+    family: str  # its family's name in tcal.families (the GGUF loads as that family's model)
     file: str  # the GGUF's file name (in the cache: <cache>/gguf/<file> once joined or staged)
     sha256: str  # of the whole GGUF
     parts: tuple[Part, ...]

@@ -208,27 +208,21 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
     tells; ``saved``: a saved hybrid (its eps is its own), else a shape (converted here for the layout it fits).
     The weights of a saved hybrid are checked for the llama.cpp layout once loaded (:func:`check_rows_on_weights`)."""
     from tcal.conversion.target import LAYOUT_EPS, layout_blocker
-    from tcal.export.gguf import TEACHER_ARCHS
-    from tcal.models.fast import SUPPORTED_FAMILIES
+    from tcal.export.gguf import ARCH, teacher_gguf_blocker
+    from tcal.families.rope import gguf_rope_blocker, rope_parameters
+    from tcal.models.fast import runs
 
-    family = base.model_type
     if row not in LLAMA_CPP_ROWS:
-        if family not in SUPPORTED_FAMILIES:
-            return f"FastDecoder runs {', '.join(SUPPORTED_FAMILIES)} models, not {family!r}"
-        return None
-    rope_type = dict(getattr(base, "rope_parameters", None) or {}).get("rope_type", "default")
+        return runs(base)
     if row == "teacher-llama.cpp":
-        if family not in TEACHER_ARCHS:
-            return f"tcal writes llama.cpp GGUFs of {', '.join(TEACHER_ARCHS)} teachers, not {family!r}"
-        if rope_type != "default":
-            return f"the teacher's RoPE is {rope_type!r}; tcal writes GGUFs with plain RoPE only"
-        return None
+        return teacher_gguf_blocker(base)
     why = layout_blocker(base)
     if why:
         return (f"{why}; llama.cpp runs a tcal hybrid only in that layout, and this one runs where tcal is "
                 "imported (the eager, fast and generate rows)")
-    if rope_type != "default":
-        return f"the teacher's RoPE is {rope_type!r}; llama.cpp's qwen35 applies no RoPE scaling"
+    why = gguf_rope_blocker(rope_parameters(base), ARCH)
+    if why:
+        return why
     if saved and base.rms_norm_eps != LAYOUT_EPS:
         return (f"the hybrid's RMSNorm eps is {base.rms_norm_eps:g}; llama.cpp would l2-normalise its GDN q and k "
                 f"with it where the hybrid uses {LAYOUT_EPS:g} (convert with --target qwen3_5)")
