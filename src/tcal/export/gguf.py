@@ -27,11 +27,12 @@ import torch
 from tcal import families
 from tcal.conversion.policy import periodic_interval
 from tcal.export.check import quiet_llama_cpp
+from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
+from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
 from tcal.families.rope import gguf_rope_blocker, rope_parameters
 from tcal.utils.errors import TcalError
 
-ARCH = "qwen35"
 # 4-bit types: llama.cpp's llama_ftype of each (llama.h), made by its quantiser from the f16 file
 QUANTISED = {"q4_0": 2, "q4_k_m": 15}
 FILE_TYPES = ("f32", "f16", "bf16", "q8_0", *QUANTISED)
@@ -238,7 +239,6 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
                 progress: bool = False):
     """A tcal hybrid as a GGUF at ``path``; returns
     (its :class:`~tcal.export.qwen3_5.Layout`, {tensor: type})."""
-    from tcal.export.qwen3_5 import check_layout, to_qwen3_5
     from tcal.export.vocab import no_vocab
 
     check_layout(model, "gguf")

@@ -30,11 +30,12 @@ import torch
 from tcal import families
 from tcal.conversion.policy import periodic_interval
 from tcal.conversion.target import LAYOUT_EPS, layout_blocker
-from tcal.families.rope import rope_parameters
+from tcal.families.rope import gguf_rope_blocker, rope_parameters
 from tcal.utils.errors import TcalError
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 MODEL_TYPE = "qwen3_5_text"
+LLAMA_CPP_ARCH = "qwen35"  # llama.cpp's name for the layout
 # worst-case relative error of a linearised q/k RMSNorm: fp32's unit roundoff
 LINEAR_NORM_ERROR = 2.0**-24
 # what the layout's GDN conv holds when the hybrid has no short conv (identity taps)
@@ -305,6 +306,10 @@ def check_layout(model, fmt: str = "hf") -> None:
     why = _gdn_blocker(src)
     if why:
         raise TcalError(f"the Qwen3.5 layout cannot express this hybrid: {why}; convert with --target qwen3_5")
+    if fmt == "gguf":
+        why = gguf_rope_blocker(rope_parameters(src.base), LLAMA_CPP_ARCH)
+        if why:
+            raise TcalError(f"{why}: export --format hf instead")
     eps = src.base.rms_norm_eps
     if fmt == "gguf" and eps != LAYOUT_EPS:
         raise TcalError(f"the hybrid's RMSNorm eps is {eps:g}; llama.cpp would l2-normalise its GDN q and k with it "
