@@ -3,7 +3,6 @@ its tokenizer is the hybrid's; each file type keeps what it cannot round in f32.
 import json
 
 import gguf
-import llama_cpp
 import numpy as np
 import pytest
 import torch
@@ -12,6 +11,7 @@ from helpers import assert_close, target_hybrid, tiny_teacher
 import tcal
 from tcal import families
 from tcal.cli import main
+from tcal.evaluate.llamacpp import load
 
 
 def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
@@ -26,8 +26,7 @@ def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
 
 def llama(path, n_ctx=256):
     """llama.cpp with an f32 KV cache (its default f16 cache rounds keys and values: the model is what is compared)"""
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=1, type_k=0, type_v=0,
-                           verbose=False)
+    return load(path, n_ctx, logits_all=True, threads=1, kv_cache="f32")
 
 
 def gguf_logits(path, ids):
@@ -132,7 +131,7 @@ def test_gguf_tokenizer_from_a_transformers_tokenizer(tmp_path, capsys):
     assert code == 0, err
     rec = json.loads((tmp_path / "exp" / "export.json").read_text())
     assert rec["check"]["tokenizer"] == "same ids" and "pre-tokenizer llama-bpe" in rec["tokenizer"]
-    llm = llama_cpp.Llama(model_path=str(tmp_path / "exp" / "model-f32.gguf"), vocab_only=True, verbose=False)
+    llm = load(tmp_path / "exp" / "model-f32.gguf", vocab_only=True)
     for text in ("the cat sat on the old bridge", "In 1771, 23 floods!", " leading  spaces\nand lines"):
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok(text, add_special_tokens=False)["input_ids"]
 

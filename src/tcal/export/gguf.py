@@ -26,7 +26,7 @@ import torch
 
 from tcal import families
 from tcal.conversion.policy import periodic_interval
-from tcal.export.check import quiet_llama_cpp
+from tcal.evaluate.llamacpp import quiet as quiet_llama_cpp
 from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
 from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
@@ -212,9 +212,9 @@ def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads
 
     import gguf
 
-    from tcal.export.check import llama_cpp
+    from tcal.evaluate.llamacpp import module
 
-    lc = llama_cpp()
+    lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")
     params = lc.llama_model_quantize_default_params()
     params.ftype = QUANTISED[file_type]
     params.nthread = threads or os.cpu_count() or 1

@@ -146,10 +146,9 @@ def plan(cfg: BenchConfig) -> Plan:
         raise TcalError(f"--num-layers must be 0 (the shape's depth) or more, got {cfg.num_layers}")
     resolve_dtype(cfg.dtype)
     if any(r in LLAMA_CPP_ROWS for r in rows):
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            raise TcalError("the llama.cpp rows need llama-cpp-python: pip install 'tcal[gguf]'") from None
+        from tcal.evaluate.llamacpp import module
+
+        module("a llama.cpp row of tcal bench")
     if cfg.threads < 0:
         raise TcalError(f"--threads must be 0 (every core) or more, got {cfg.threads}")
     device = resolve_device(cfg.device)
@@ -384,12 +383,11 @@ def _llama_cpp_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
 
     from tcal.evaluate import speed
     from tcal.evaluate.gguf_speed import gguf_rows
+    from tcal.evaluate.llamacpp import gpu_offload
     from tcal.export.gguf import export_gguf, write_teacher_gguf
 
     try:
-        import llama_cpp
-
-        gpu = -1 if p.device.startswith("cuda") and llama_cpp.llama_supports_gpu_offload() else 0
+        gpu = -1 if p.device.startswith("cuda") and gpu_offload() else 0
         with tempfile.TemporaryDirectory(prefix="tcal-bench-") as tmp:
             path = Path(tmp) / f"{name}.gguf"
             if name.startswith("teacher"):
