@@ -49,6 +49,17 @@ def check_teacher_spec(spec: str) -> None:
                     "decoder-only models")
 
 
+def resolve_teacher_args(cfg, every_eval: bool = False) -> None:
+    """What every command that converts (convert, ablate, recover) does with its teacher before it loads: ``--calib
+    auto`` and ``--eval auto`` become the teacher's own (:mod:`tcal.data.teacher_table`; ``every_eval``: all its
+    held-out domains, else its home domain), and a teacher of a family tcal does not convert is refused."""
+    from tcal.data.teacher_table import default_eval
+
+    cfg.resolve_calib(cfg.teacher)
+    cfg.resolve_eval(default_eval(cfg.teacher), every=every_eval)
+    check_teacher_spec(cfg.teacher)
+
+
 def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
     """Validate an explicit list of layers kept as softmax attention."""
     if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):

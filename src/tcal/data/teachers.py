@@ -35,9 +35,10 @@ import torch
 import tcal.models.modeling_hybrid  # noqa: F401  (a saved hybrid is one of the directories this loads)
 from tcal import families
 from tcal.data.corpora import path_exists
-from tcal.data.teacher_table import DEFAULT_TEACHER, TEACHERS, BuiltinTeacher, Part
+from tcal.data.teacher_table import TEACHERS, BuiltinTeacher, Part
 from tcal.utils.atomic import atomic_dir
 from tcal.utils.cache import cache_root, fetch_pypi, sha256_file
+from tcal.utils.config import DEFAULT_TEACHER
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
 

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tcal.export.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
-from tcal.utils.config import DeviceArgs, OutArgs, arg
+from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
 
 RETRIEVAL_TASKS = ("single", "single-words", "single-uuids", "single-noise", "multikey", "multivalue",
                    "multiquery", "vt", "cwe")  # tcal.evaluate.niah.TASKS, listed here for --help without torch
@@ -39,7 +39,7 @@ CODE_EXECUTION_HELP = (
 
 @dataclass
 class EvalConfig(DeviceArgs, OutArgs):
-    model: str = arg("smollm2-135m", "a saved tcal hybrid directory, or any teacher spec")
+    model: str = arg(DEFAULT_TEACHER, "a saved tcal hybrid directory, or any teacher spec")
     task: str = arg("ppl", "ppl (held-out perplexity), niah (every retrieval task), a comma list of "
                            "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS) + ", humaneval (pass@1 of the code "
                            "the model writes; needs --allow-code-execution); or list (print every task)")
