@@ -145,3 +145,32 @@ def one_error(capsys, message, *argv):
     code, errors, err = run(capsys, *argv)
     assert code == 2 and len(errors) == 1 and message in errors[0], err
     return errors[0]
+
+
+def block_import(monkeypatch, module: str):
+    """``import module`` raises ImportError for the rest of the test: an optional package not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def blocked(name, *a, **k):
+        if name == module:
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", blocked)
+
+
+def header_gguf(path, arch: str):
+    """A GGUF of llama.cpp architecture ``arch`` holding one zero tensor: what tcal reads before loading a teacher."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,21 +1,13 @@
 """The one llama.cpp loader: a missing llama-cpp-python or a file llama.cpp cannot load is a one-line TcalError."""
-import builtins
-
 import pytest
+from helpers import block_import
 
 from tcal.evaluate import llamacpp
 from tcal.utils.errors import TcalError
 
 
 def test_a_missing_llama_cpp_names_what_needs_it(monkeypatch):
-    real_import = builtins.__import__
-
-    def no_llama_cpp(name, *a, **k):
-        if name == "llama_cpp":
-            raise ImportError(name)
-        return real_import(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    block_import(monkeypatch, "llama_cpp")
     with pytest.raises(TcalError, match=r"^a llama.cpp row of tcal bench needs llama-cpp-python: pip install 'tcal\[gguf\]'$"):
         llamacpp.module("a llama.cpp row of tcal bench")
 

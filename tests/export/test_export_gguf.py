@@ -6,7 +6,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close, target_hybrid, tiny_teacher
+from helpers import assert_close, block_import, target_hybrid, tiny_teacher
 
 import tcal
 from tcal import families
@@ -151,16 +151,7 @@ def test_gguf_bad_input(tmp_path, capsys, monkeypatch):
               tcal.convert(scaled, keep=[0, 2], init="copy", target="qwen3_5"))
     hybrid, _ = target_hybrid("llama")
     one_error("--gguf-vocab", hybrid, "--gguf-vocab", tmp_path / "nope.gguf")
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_llama_cpp(name, *a, **k):
-        if name == "llama_cpp":
-            raise ImportError(name)
-        return real_import(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    block_import(monkeypatch, "llama_cpp")
     one_error("pip install 'tcal[gguf]'", hybrid)
     assert export(tmp_path, capsys, hybrid, "--no-check")[0] == 0  # writing needs only the gguf package
 

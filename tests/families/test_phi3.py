@@ -81,20 +81,13 @@ def test_hf_export_is_a_qwen3_5_checkpoint_with_the_hybrids_logits(tmp_path, cap
 
 def test_a_phi3_gguf_is_a_teacher_tcal_converts(tmp_path):
     """A Phi-3 GGUF (llama.cpp's phi3) passes the check made before a teacher loads; another architecture does not."""
-    import gguf
-    import numpy as np
+    from helpers import header_gguf
 
     from tcal.conversion.surgery import check_teacher_spec
     from tcal.utils.errors import TcalError
 
     for arch in ("phi3", "falcon"):
-        w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
-        w.add_block_count(2)
-        w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        header_gguf(tmp_path / f"{arch}.gguf", arch)
     assert families.by_gguf_architecture("phi3") == [PHI3]
     check_teacher_spec(str(tmp_path / "phi3.gguf"))
     with pytest.raises(TcalError, match="architecture 'falcon', which tcal does not convert; tcal converts .*phi3"):
