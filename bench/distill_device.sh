@@ -5,13 +5,13 @@
 # along the way. Never train on wiki:eval.
 #
 # On a machine without network, stage the teacher, corpora, token pool and wheels first (docs/airgap.md):
-# scripts/device_stage.sh on a machine with network, then the `stage` step of scripts/device_session.sh on the GPU
+# python -m tcal.airgap pack on a machine with network, then the `stage` step of scripts/device_session.sh on the GPU
 # machine; that script's `recover` and `recover50` steps call this one:
 #   bash bench/distill_device.sh [--tokens N] [--data POOL] [--minutes 6.5] [--inits copy,taylor] [tcal recover flags]
 # A job stops itself after --minutes (checkpoint in $RUN.partial/); run it again until it prints "wrote".
 # Results (tables, plot, curves, reports; no weights) go to $OUT/recover.tgz each time.
 set -euo pipefail
-TOKENS=20000000 DATA=/tmp/tcal-stage/pool MINUTES=6.5 INITS=copy,taylor RUN=/tmp/tcal-runs/recover-smollm2
+TOKENS=20000000 DATA=/tmp/tcal-stage/pools/smollm2-135m MINUTES=6.5 INITS=copy,taylor RUN=/tmp/tcal-runs/recover-smollm2
 while [ $# -gt 0 ]; do
   case $1 in
     --tokens) TOKENS=$2; shift 2 ;;

@@ -30,11 +30,10 @@ def window_nll(llm, ids: list[int]) -> float:
 
 
 def gguf_ppl(path: str, windows, threads: int) -> dict:
-    import llama_cpp
+    from tcal.evaluate.llamacpp import load
 
     W = windows.shape[1]
-    llm = llama_cpp.Llama(model_path=path, n_ctx=W, n_batch=W, n_ubatch=W, logits_all=True, n_threads=threads,
-                          n_threads_batch=threads, type_k=0, type_v=0, verbose=False)  # 0: f32 KV cache
+    llm = load(path, W, n_batch=W, logits_all=True, threads=threads, kv_cache="f32")
     t0 = time.perf_counter()
     nll = sum(window_nll(llm, row.tolist()) for row in windows)
     llm.close()

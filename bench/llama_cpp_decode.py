@@ -29,10 +29,10 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    import llama_cpp
     import numpy as np
 
     from tcal.evaluate.gguf_speed import decode_ms
+    from tcal.evaluate.llamacpp import load
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
     room = contexts[-1] + args.blocks * args.steps * len(contexts) + 8
@@ -40,8 +40,7 @@ def main():
     for spec in args.models:
         name, _, path = spec.partition("=")
         names.append(name)
-        llms.append(llama_cpp.Llama(model_path=path, n_ctx=room, n_batch=512, n_ubatch=512, n_threads=args.threads,
-                                    n_threads_batch=args.threads, logits_all=False, type_k=1, type_v=1, verbose=False))
+        llms.append(load(path, room, threads=args.threads, kv_cache="f16"))
     rng = np.random.default_rng(0)
     vocab = min(llm.n_vocab() for llm in llms)
     prompt = rng.integers(min(256, vocab // 2), vocab, contexts[-1]).tolist()

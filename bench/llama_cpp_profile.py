@@ -38,12 +38,11 @@ def _perf_report(data: Path) -> str:
 
 def profile(name: str, path: str, contexts: list[int], steps: int, threads: int, out: Path, perf: bool,
             seed: int = 0) -> list[dict]:
-    import llama_cpp
     import numpy as np
 
-    llm = llama_cpp.Llama(model_path=path, n_ctx=contexts[-1] + steps * len(contexts) + 8, n_batch=512, n_ubatch=512,
-                          n_threads=threads, n_threads_batch=threads, logits_all=False, type_k=1, type_v=1,
-                          verbose=False)  # type 1: f16, llama.cpp's default KV cache
+    from tcal.evaluate.llamacpp import load
+
+    llm = load(path, contexts[-1] + steps * len(contexts) + 8, threads=threads, kv_cache="f16")  # llama.cpp's default
     rng = np.random.default_rng(seed)
     vocab = llm.n_vocab()
     prompt = rng.integers(min(256, vocab // 2), vocab, contexts[-1]).tolist()

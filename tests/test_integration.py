@@ -72,10 +72,10 @@ def test_the_real_hybrid_runs_in_transformers_without_tcal_and_in_llama_cpp(teac
     import subprocess
     import sys
 
-    import llama_cpp
     import numpy as np
 
     from tcal.cli import main
+    from tcal.evaluate.llamacpp import load
 
     model, tok = teacher
     h = tmp_path / "hybrid"
@@ -113,8 +113,7 @@ def test_the_real_hybrid_runs_in_transformers_without_tcal_and_in_llama_cpp(teac
                           capture_output=True, text=True)
     name, got = json.loads(done.stdout.strip().splitlines()[-1])
     assert name == "Qwen3_5ForCausalLM" and got == want
-    llm = llama_cpp.Llama(model_path=str(tmp_path / "gguf" / "model-f32.gguf"), n_ctx=128, logits_all=True,
-                          type_k=0, type_v=0, n_threads=2, verbose=False)
+    llm = load(tmp_path / "gguf" / "model-f32.gguf", 128, logits_all=True, kv_cache="f32", threads=2)
     for p, w in zip(prompts, want):
         llm.reset()
         llm.eval(llm.tokenize(p.encode(), add_bos=False, special=False))

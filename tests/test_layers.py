@@ -10,8 +10,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # low -> high; `tcal` itself (the package root) sits above them all
-LAYERS = ("utils", "ops", "modules", "models", "data", "evaluate", "taylor", "conversion", "export", "train",
-          "report", "recipes", "cli", "__main__")
+LAYERS = ("utils", "ops", "modules", "families", "models", "data", "evaluate", "taylor", "conversion", "export", "train",
+          "report", "recipes", "cli", "__main__", "airgap")
 
 
 def _module_name(path: Path) -> str:

@@ -16,7 +16,11 @@ pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_builtins_listed():
-    assert DEFAULT_TEACHER == "smollm2-135m"
+    from tcal.recipes.eval import EvalConfig
+    from tcal.utils.config import TeacherArgs
+
+    # the default teacher, written once: every command's flag and load_teacher take it
+    assert DEFAULT_TEACHER == "smollm2-135m" == TeacherArgs().teacher == EvalConfig().model
     assert set(BUILTIN_TEACHERS) >= {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
 
 

@@ -3,13 +3,13 @@ without a tokenizer, options of the other format, an engine that cannot run the 
 `tcal: error:` line (exit 2) and leaves no output directory."""
 import json
 
-import llama_cpp
 import pytest
 from helpers import TINY, target_hybrid, tiny_teacher, word_tokenizer
 from test_export_gguf import byte_bpe_tokenizer
 
 import tcal
 from tcal.cli import main
+from tcal.evaluate.llamacpp import load
 from tcal.utils.errors import TcalError
 
 
@@ -77,7 +77,7 @@ def test_a_tokenizer_shorter_than_the_embedding_is_padded(tmp_path, capsys):
     code, err = run(capsys, tmp_path / "h", "--out", tmp_path / "g", "--format", "gguf", "--gguf-type", "f32")
     assert code == 0, err
     assert json.loads((tmp_path / "g" / "export.json").read_text())["check"]["tokenizer"] == "same ids"
-    llm = llama_cpp.Llama(model_path=str(tmp_path / "g" / "model-f32.gguf"), vocab_only=True, verbose=False)
+    llm = load(tmp_path / "g" / "model-f32.gguf", vocab_only=True)
     assert llm.n_vocab() == len(tok) + 7
 
 

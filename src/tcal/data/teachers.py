@@ -33,10 +33,12 @@ from urllib.parse import urlparse
 import torch
 
 import tcal.models.modeling_hybrid  # noqa: F401  (a saved hybrid is one of the directories this loads)
+from tcal import families
 from tcal.data.corpora import path_exists
-from tcal.data.teacher_table import DEFAULT_TEACHER, TEACHERS, BuiltinTeacher, Part
+from tcal.data.teacher_table import TEACHERS, BuiltinTeacher, Part
 from tcal.utils.atomic import atomic_dir
 from tcal.utils.cache import cache_root, fetch_pypi, sha256_file
+from tcal.utils.config import DEFAULT_TEACHER
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
 
@@ -373,7 +375,7 @@ def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True)
     except (OSError, ValueError, AttributeError):
         model_type = None
     try:
-        if model_type in VISION_LANGUAGE:
+        if _vision_language(model_type):
             model = text_decoder(path, dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
@@ -384,8 +386,10 @@ def load_model_dir(path, dtype=torch.float32, *, require_tokenizer: bool = True)
     return model, load_tokenizer_dir(path, required=require_tokenizer)
 
 
-# vision-language checkpoints whose text decoder tcal converts: model_type -> the text-only causal LM class
-VISION_LANGUAGE = {"gemma3": "Gemma3ForCausalLM"}
+def _vision_language(model_type: str | None) -> families.Family | None:
+    """The family of a vision-language checkpoint's text decoder (``Family.vision_language``), or None."""
+    fam = families.find(model_type)
+    return fam if fam is not None and fam.vision_language == model_type else None
 
 
 def text_decoder(path: Path, dtype):
@@ -396,7 +400,7 @@ def text_decoder(path: Path, dtype):
     from transformers import AutoModelForImageTextToText
 
     full = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
-    text_cls = getattr(transformers, VISION_LANGUAGE[full.config.model_type])
+    text_cls = getattr(transformers, _vision_language(full.config.model_type).causal_lm_class)
     model = text_cls(full.config.get_text_config()).to(dtype)
     lm = full.model.language_model
     state = {f"model.{k}": v for k, v in lm.state_dict().items()}

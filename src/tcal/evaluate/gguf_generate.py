@@ -7,18 +7,9 @@ as such by llama.cpp's own tokenizer.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from tcal.utils.errors import TcalError
-
-
-def llama_cpp_module():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise TcalError("--engine llama.cpp needs llama-cpp-python: pip install 'tcal[gguf]'") from None
-    return llama_cpp
 
 
 class GGUFTemplate:
@@ -52,14 +43,9 @@ class GGUFTemplate:
 
 def open_gguf(path, *, n_ctx: int = 4096, threads: int | None = None, gpu_layers: int = 0):
     """(llama.cpp model, its :class:`GGUFTemplate`)."""
-    lc = llama_cpp_module()
-    threads = threads or os.cpu_count() or 1
-    try:
-        llm = lc.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                       n_gpu_layers=gpu_layers, logits_all=False, verbose=False)
-    except (ValueError, RuntimeError) as e:
-        raise TcalError(f"llama.cpp cannot load {path} ({e}); check the file (llama-cpp-python "
-                        f"{lc.__version__})") from None
+    from tcal.evaluate.llamacpp import load
+
+    llm = load(path, n_ctx, purpose="--engine llama.cpp", threads=threads, gpu_layers=gpu_layers)
 
     def token_text(i: int) -> str:
         return llm.detokenize([i], special=True).decode("utf-8", "replace")

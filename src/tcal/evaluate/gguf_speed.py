@@ -14,15 +14,7 @@ import os
 import statistics
 import time
 
-F16 = 1  # ggml's type id of float16: llama.cpp's default KV cache
-
-
-def _llama(path, n_ctx: int, threads: int, gpu_layers: int):
-    import llama_cpp
-
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                           n_threads_batch=threads, n_gpu_layers=gpu_layers, logits_all=False, type_k=F16,
-                           type_v=F16, verbose=False)
+from tcal.evaluate.llamacpp import load
 
 
 def decode_ms(llm, tokens) -> float:
@@ -47,7 +39,7 @@ def gguf_rows(name: str, path, contexts: list[int], *, decode_tokens: int, reps:
     rng = np.random.default_rng(seed)
     prompt = rng.integers(min(256, vocab_size // 2), vocab_size, contexts[-1]).tolist()  # past the special tokens
     steps = rng.integers(min(256, vocab_size // 2), vocab_size, decode_tokens).tolist()
-    llm = _llama(path, n_ctx, threads, gpu_layers)
+    llm = load(path, n_ctx, purpose="a llama.cpp row of tcal bench", threads=threads, gpu_layers=gpu_layers, kv_cache="f16")
     try:
         llm.eval(prompt[: min(contexts[0], 512)])  # warm-up: weights paged in, kernels picked
         llm.eval(steps[:4])

@@ -9,13 +9,10 @@ the engine table can say how much that rounding costs.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
-
-from tcal.utils.errors import TcalError
 
 PROBE_TEXT = ("The river rose through the night, and by morning the old bridge at Hexham was under water. "
               "In 1771 the flood took every bridge on the Tyne but one; 23 people died.")
@@ -88,48 +85,14 @@ def hf_tokenizer_check(path, tokenizer) -> str:
                              "the source tokenizer's")
 
 
-def llama_cpp():
-    try:
-        import llama_cpp as lc
-    except ImportError:
-        raise TcalError("checking a GGUF needs llama-cpp-python: pip install 'tcal[gguf]' (or pass --no-check)") from None
-    return lc
-
-
-F32 = 0  # ggml's type id of float32
-
-
-@contextlib.contextmanager
-def quiet_llama_cpp():
-    """llama.cpp's own log lines off (its quantiser logs every tensor, its loader warns about a vocabulary-only
-    load's missing context length); tcal reports what it did itself. llama-cpp-python's callback cannot be
-    quietened by its logger's level (``Llama()`` resets that level, and its map of llama.cpp's levels predates
-    llama.cpp's own: warnings arrive as errors), so a silent callback stands in for it meanwhile."""
-    import ctypes
-
-    import llama_cpp
-    from llama_cpp import _logger
-
-    silent = llama_cpp.llama_log_callback(lambda level, text, user_data: None)  # referenced until restored
-    llama_cpp.llama_log_set(silent, ctypes.c_void_p(0))
-    try:
-        yield
-    finally:
-        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
-
-
 def load_gguf(path, n_ctx: int, *, vocab_only: bool = False, logits_all: bool = True):
     """llama.cpp on ``path`` with an f32 KV cache: the check compares the model, and llama.cpp's default f16 cache
     would round every cached key and value (a 5e-4 relative logit error on its own)."""
-    lc = llama_cpp()
-    threads = max(1, min(8, os.cpu_count() or 1))
-    try:
-        with quiet_llama_cpp():
-            return lc.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=logits_all, vocab_only=vocab_only,
-                            n_threads=threads, n_threads_batch=threads, type_k=F32, type_v=F32, verbose=False)
-    except (ValueError, RuntimeError) as e:
-        raise TcalError(f"llama.cpp (llama-cpp-python {lc.__version__}) cannot load {path} ({e}); a build older than "
-                        "the qwen35 architecture cannot: pip install -U 'tcal[gguf]'") from None
+    from tcal.evaluate import llamacpp
+
+    return llamacpp.load(path, n_ctx, purpose="checking a GGUF (--no-check skips it)",
+                         threads=max(1, min(8, os.cpu_count() or 1)), kv_cache="f32", logits_all=logits_all,
+                         vocab_only=vocab_only)
 
 
 def gguf_logits(path, ids: torch.Tensor) -> torch.Tensor:

@@ -24,12 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tcal import families
 from tcal.conversion.policy import periodic_interval
-from tcal.export.check import quiet_llama_cpp
+from tcal.evaluate.llamacpp import quiet as quiet_llama_cpp
+from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
+from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
+from tcal.families.rope import gguf_rope_blocker, rope_parameters
 from tcal.utils.errors import TcalError
 
-ARCH = "qwen35"
 # 4-bit types: llama.cpp's llama_ftype of each (llama.h), made by its quantiser from the f16 file
 QUANTISED = {"q4_0": 2, "q4_k_m": 15}
 FILE_TYPES = ("f32", "f16", "bf16", "q8_0", *QUANTISED)
@@ -137,9 +140,9 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
                         "llama.cpp's quantiser applied to an f16 file (export_gguf does both)")
     check_rows(vocab, config["vocab_size"])
     rope = config["rope_parameters"]
-    if rope.get("rope_type", "default") != "default":
-        raise TcalError(f"the teacher's RoPE is {rope['rope_type']!r}; llama.cpp's qwen35 applies no RoPE scaling: "
-                        "export --format hf instead")
+    why = gguf_rope_blocker(rope, ARCH)
+    if why:
+        raise TcalError(f"{why}: export --format hf instead")
     L = config["num_hidden_layers"]
     recurrent = [t == "linear_attention" for t in config["layer_types"]]
     with _quiet_writer():
@@ -209,9 +212,9 @@ def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads
 
     import gguf
 
-    from tcal.export.check import llama_cpp
+    from tcal.evaluate.llamacpp import module
 
-    lc = llama_cpp()
+    lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")
     params = lc.llama_model_quantize_default_params()
     params.ftype = QUANTISED[file_type]
     params.nthread = threads or os.cpu_count() or 1
@@ -236,7 +239,6 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
                 progress: bool = False):
     """A tcal hybrid as a GGUF at ``path``; returns
     (its :class:`~tcal.export.qwen3_5.Layout`, {tensor: type})."""
-    from tcal.export.qwen3_5 import check_layout, to_qwen3_5
     from tcal.export.vocab import no_vocab
 
     check_layout(model, "gguf")
@@ -258,7 +260,6 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
 
 
 # a teacher in llama.cpp's own architecture for its family (the llama.cpp rows of tcal bench time it beside its hybrid)
-TEACHER_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _TEACHER_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
@@ -276,10 +277,20 @@ def _interleave_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def teacher_gguf_blocker(config) -> str | None:
+    """Why tcal cannot write a plain teacher of this config as a GGUF (one line), or None: its family must say
+    ``teacher_gguf`` (:mod:`tcal.families`) and its RoPE be plain."""
+    fam = families.find(getattr(config, "model_type", None))
+    if fam is None or not fam.teacher_gguf:
+        return (f"tcal writes llama.cpp GGUFs of {families.supported(lambda f: f.teacher_gguf)} teachers, not "
+                f"{getattr(config, 'model_type', None)!r}")
+    return gguf_rope_blocker(rope_parameters(config), fam.gguf_architecture)
+
+
 def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = False) -> dict:
-    """A plain Llama / Mistral / Qwen2 / Qwen3 teacher as a GGUF of llama.cpp's architecture for its family, without
-    a tokenizer (token ids only). Returns {tensor: type}. A 4-bit type is llama.cpp's quantiser on the f16 file, as
-    for a hybrid (its f32 tensors kept)."""
+    """A plain teacher of a family that says ``teacher_gguf`` (Llama, Mistral, Qwen2, Qwen3) as a GGUF of its
+    family's llama.cpp architecture, without a tokenizer (token ids only). Returns {tensor: type}. A 4-bit type is
+    llama.cpp's quantiser on the f16 file, as for a hybrid (its f32 tensors kept)."""
     import gguf
 
     if file_type in QUANTISED:
@@ -292,13 +303,11 @@ def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = 
             f16.unlink(missing_ok=True)
         return tensor_types(path)
     cfg = teacher.config
-    arch = TEACHER_ARCHS.get(cfg.model_type)
-    if arch is None:
-        raise TcalError(f"no llama.cpp architecture for a {cfg.model_type!r} teacher; tcal writes "
-                        f"{', '.join(TEACHER_ARCHS)}")
-    rope = dict(getattr(cfg, "rope_parameters", None) or {})
-    if rope.get("rope_type", "default") != "default":
-        raise TcalError(f"the teacher's RoPE is {rope['rope_type']!r}; tcal writes GGUFs with plain RoPE only")
+    why = teacher_gguf_blocker(cfg)
+    if why:
+        raise TcalError(why)
+    arch = families.of(cfg).gguf_architecture
+    rope = rope_parameters(cfg)
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
     with _quiet_writer():
@@ -313,7 +322,7 @@ def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = 
     w.add_key_length(d)
     w.add_value_length(d)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_rope_dimension_count(d)
     w.add_uint32(f"{arch}.vocab_size", cfg.vocab_size)
     w.add_string("tokenizer.ggml.model", "none")

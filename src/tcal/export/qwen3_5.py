@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tcal import families
 from tcal.conversion.policy import periodic_interval
 from tcal.conversion.target import LAYOUT_EPS, layout_blocker
+from tcal.families.rope import gguf_rope_blocker, rope_parameters
 from tcal.utils.errors import TcalError
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 MODEL_TYPE = "qwen3_5_text"
+LLAMA_CPP_ARCH = "qwen35"  # llama.cpp's name for the layout
 # worst-case relative error of a linearised q/k RMSNorm: fp32's unit roundoff
 LINEAR_NORM_ERROR = 2.0**-24
 # what the layout's GDN conv holds when the hybrid has no short conv (identity taps)
@@ -79,6 +82,14 @@ class _Source:
         return cls(model, cfg.teacher_config(), list(cfg.layer_types), model.gdn_modules(), cfg.gdn_shape())
 
     @property
+    def family(self) -> families.Family:
+        return families.of(self.base)
+
+    def attention(self, i: int) -> families.AttentionWeights:
+        """Kept attention layer ``i``'s tensors under q/k/v/o names, whatever the teacher family stores."""
+        return self.family.attention_weights(self.model.model.layers[i].self_attn)
+
+    @property
     def head_dim(self) -> int:
         return getattr(self.base, "head_dim", None) or self.base.hidden_size // self.base.num_attention_heads
 
@@ -120,9 +131,7 @@ def _rope(base, head_dim: int) -> dict:
     """The teacher's RoPE as Qwen3.5 rope_parameters: full rotary unless the teacher's is partial, and M-RoPE
     sections that sum to half the rotary dims (every section sees the same position for text, so any split
     is plain RoPE; engines check the sum)."""
-    rope = dict(getattr(base, "rope_parameters", None) or {})
-    rope.setdefault("rope_type", "default")
-    rope.setdefault("rope_theta", getattr(base, "rope_theta", 10000.0))
+    rope = rope_parameters(base)
     factor = float(rope.get("partial_rotary_factor", getattr(base, "partial_rotary_factor", None) or 1.0))
     half = int(head_dim * factor) // 2
     s0 = -(-half // 3)
@@ -132,9 +141,7 @@ def _rope(base, head_dim: int) -> dict:
 
 
 def _attention_bias(src: _Source) -> bool:
-    layers = src.model.model.layers
-    return any(getattr(layers[i].self_attn, n).bias is not None
-               for i in src.attention_layers for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return any(src.attention(i).proj(n)[1] is not None for i in src.attention_layers for n in "qkvo")
 
 
 def _config(src: _Source) -> dict:
@@ -199,34 +206,34 @@ def _with_gate_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.cat([per_head, torch.zeros_like(per_head)], 1).reshape(2 * t.shape[0], *t.shape[1:])
 
 
-def _attention_tensors(attn, in_norm: torch.Tensor, prefix: str, heads: int, kv_heads: int, eps: float,
-                       with_bias: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _attention_tensors(attn: families.AttentionWeights, in_norm: torch.Tensor, prefix: str, heads: int,
+                       kv_heads: int, eps: float, with_bias: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """The kept attention layer's tensors, and the scale of its q and k (1.0: the teacher's own norm)."""
     out: dict[str, torch.Tensor] = {}
     scales = {}
     for name, h in (("q", heads), ("k", kv_heads)):
-        proj = getattr(attn, f"{name}_proj")
-        norm = getattr(attn, f"{name}_norm", None)
+        weight, bias = attn.proj(name)
+        norm = getattr(attn, f"{name}_norm")
         if norm is not None:  # the teacher's own q/k norm (Qwen3): zero-centred, otherwise as it is
-            scale, weight = 1.0, norm.weight.float()
+            scale, norm_w = 1.0, norm.float()
         else:
-            scale = linear_norm_scale(proj.weight, proj.bias, in_norm, h, eps)
-            weight = torch.full((proj.weight.shape[0] // h,), math.sqrt(eps) / scale, dtype=torch.float32)
+            scale = linear_norm_scale(weight, bias, in_norm, h, eps)
+            norm_w = torch.full((weight.shape[0] // h,), math.sqrt(eps) / scale, dtype=torch.float32)
         scales[name] = scale
-        out[f"{prefix}.{name}_norm.weight"] = weight - 1.0
-    q_w = attn.q_proj.weight * scales["q"]
+        out[f"{prefix}.{name}_norm.weight"] = norm_w - 1.0
+    q_w = attn.q * scales["q"]
     out[f"{prefix}.q_proj.weight"] = _with_gate_rows(q_w, heads)
-    out[f"{prefix}.k_proj.weight"] = attn.k_proj.weight * scales["k"]
-    out[f"{prefix}.v_proj.weight"] = attn.v_proj.weight
-    out[f"{prefix}.o_proj.weight"] = attn.o_proj.weight * 2.0  # sigmoid(0) = 1/2 on every output
+    out[f"{prefix}.k_proj.weight"] = attn.k * scales["k"]
+    out[f"{prefix}.v_proj.weight"] = attn.v
+    out[f"{prefix}.o_proj.weight"] = attn.o * 2.0  # sigmoid(0) = 1/2 on every output
     if with_bias:
-        def bias(name, rows):
-            b = getattr(attn, f"{name}_proj").bias
-            return b if b is not None else attn.q_proj.weight.new_zeros(rows)
-        out[f"{prefix}.q_proj.bias"] = _with_gate_rows(bias("q", attn.q_proj.weight.shape[0]) * scales["q"], heads)
-        out[f"{prefix}.k_proj.bias"] = bias("k", attn.k_proj.weight.shape[0]) * scales["k"]
-        out[f"{prefix}.v_proj.bias"] = bias("v", attn.v_proj.weight.shape[0])
-        out[f"{prefix}.o_proj.bias"] = bias("o", attn.o_proj.weight.shape[0])
+        def bias(name):
+            weight, b = attn.proj(name)
+            return b if b is not None else attn.q.new_zeros(weight.shape[0])
+        out[f"{prefix}.q_proj.bias"] = _with_gate_rows(bias("q") * scales["q"], heads)
+        out[f"{prefix}.k_proj.bias"] = bias("k") * scales["k"]
+        out[f"{prefix}.v_proj.bias"] = bias("v")
+        out[f"{prefix}.o_proj.bias"] = bias("o")
     return out, scales
 
 
@@ -258,22 +265,23 @@ def to_qwen3_5(model) -> Layout:
     norms: dict[int, dict[str, str]] = {}
     scaled: list[str] = []
     tied = bool(getattr(src.base, "tie_word_embeddings", False))
-    for name, t in model.state_dict().items():
-        parts = name.split(".")
-        if name.startswith("model.layers.") and parts[3] == "self_attn":
+    for key, tensor in model.state_dict().items():
+        parts = key.split(".")
+        if key.startswith("model.layers.") and parts[3] == "self_attn":
             continue  # mixers below
-        if name == "lm_head.weight" and tied:
+        if key == "lm_head.weight" and tied:
             continue
-        t = t.float()
-        if name == "model.norm.weight" or name.endswith(ZERO_CENTRED):
-            t = t - 1.0
-        sd[name] = t
+        for name, t in src.family.split_fused(key, tensor):  # a fused gate_up MLP as the layout's gate and up
+            t = t.float()
+            if name == "model.norm.weight" or name.endswith(ZERO_CENTRED):
+                t = t - 1.0
+            sd[name] = t
     for i, layer in enumerate(model.model.layers):
         if i in src.gdns:
             sd.update({k: v.float() for k, v in _gdn_tensors(src.gdns[i], f"model.layers.{i}.linear_attn").items()})
             continue
         prefix = f"model.layers.{i}.self_attn"
-        tensors, scales = _attention_tensors(layer.self_attn, layer.input_layernorm.weight, prefix,
+        tensors, scales = _attention_tensors(src.attention(i), layer.input_layernorm.weight, prefix,
                                              config["num_attention_heads"], config["num_key_value_heads"], eps,
                                              with_bias)
         sd.update({k: v.float() for k, v in tensors.items()})
@@ -298,6 +306,10 @@ def check_layout(model, fmt: str = "hf") -> None:
     why = _gdn_blocker(src)
     if why:
         raise TcalError(f"the Qwen3.5 layout cannot express this hybrid: {why}; convert with --target qwen3_5")
+    if fmt == "gguf":
+        why = gguf_rope_blocker(rope_parameters(src.base), LLAMA_CPP_ARCH)
+        if why:
+            raise TcalError(f"{why}: export --format hf instead")
     eps = src.base.rms_norm_eps
     if fmt == "gguf" and eps != LAYOUT_EPS:
         raise TcalError(f"the hybrid's RMSNorm eps is {eps:g}; llama.cpp would l2-normalise its GDN q and k with it "

@@ -2,8 +2,8 @@
 
 A teacher that came as a GGUF keeps its own keys (copied as they are). A transformers tokenizer is written the
 way llama.cpp reads a byte-level BPE: the tokens in id order, their types, the merges, the special-token ids,
-and the name of llama.cpp's pre-tokenizer, recognised from the tokenizer's own pre-tokenizer (the regexes
-below are those tokenizers publish). A tokenizer of another kind is a one-line error that says what to pass
+and the name of llama.cpp's pre-tokenizer, recognised from the tokenizer's own pre-tokenizer (its structure, or the
+Split regex a family's tokenizer publishes: ``Family.pre_tokenizers`` in :mod:`tcal.families`). A tokenizer of another kind is a one-line error that says what to pass
 instead. Whatever the source, the export's check tokenises a probe text with llama.cpp and with the
 tokenizer and compares the ids (:mod:`tcal.export.check`).
 """
@@ -13,17 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tcal import families
 from tcal.utils.errors import TcalError
-
-# llama.cpp's pre-tokenizer names by the Split regex a tokenizer.json puts before its ByteLevel step
-_SPLIT_PRE = {
-    # Llama 3
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-    "\\s+(?!\\S)|\\s+": "llama-bpe",
-    # Qwen2, Qwen2.5, Qwen3
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-    "\\s+(?!\\S)|\\s+": "qwen2",
-}
 
 # token types of llama.cpp's vocabulary
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
@@ -73,8 +64,10 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str:
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         regex = (steps[0].get("pattern") or {}).get("Regex")
-        if regex in _SPLIT_PRE:
-            return _SPLIT_PRE[regex]
+        # the families' tokenizers (Family.pre_tokenizers: Llama 3's, Qwen2's)
+        known = {r: name for fam in families.FAMILIES.values() for r, name in fam.pre_tokenizers.items()}
+        if regex in known:
+            return known[regex]
     raise TcalError(f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds))}) is not one tcal can name for "
                     "llama.cpp; pass --gguf-vocab with a GGUF of the teacher (llama.cpp's convert_hf_to_gguf.py "
                     "writes one) to copy its tokenizer")

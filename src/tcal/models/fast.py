@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tcal import families
 from tcal.modules.gdn import GatedDeltaNet, prefill_inputs
 from tcal.modules.norms import head_norm
 from tcal.ops import fla_available
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 
 ATTENTION = "tcal_static"
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 
 
 @dataclass
@@ -216,7 +216,7 @@ class StaticHybridCache:
                                 if attn.shape.use_short_conv else None)
             else:
                 d = attn.head_dim
-                hkv = attn.k_proj.out_features // d
+                hkv = attn.config.num_key_value_heads or attn.config.num_attention_heads
                 self.keys[i] = torch.zeros(B, hkv, L, d, device=dev, dtype=dtype)
                 self.values[i] = torch.zeros(B, hkv, L, d, device=dev, dtype=dtype)
         self.valid = torch.zeros(B, L, device=dev, dtype=torch.bool)
@@ -257,10 +257,14 @@ class StaticHybridCache:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _family(model) -> str:
-    cfg = model.config
-    base = getattr(cfg, "base_config", None)
-    return (base or {}).get("model_type") if base else cfg.model_type
+def runs(config) -> str | None:
+    """Why FastDecoder cannot run a model of this (teacher or hybrid) config (one line), or None: the families it
+    runs are those whose :class:`~tcal.families.Family` says ``fast_decoder``."""
+    family = families.model_type(config)
+    fam = families.find(family)
+    if fam is None or fam.model_type != family or not fam.fast_decoder:
+        return f"FastDecoder runs {families.supported(lambda f: f.fast_decoder)} models, not {family!r}"
+    return None
 
 
 class FastDecoder:
@@ -286,10 +290,9 @@ class FastDecoder:
         if self.dtype not in SUPPORTED_DTYPES:
             raise TcalError(f"FastDecoder runs float32/bfloat16/float16 models, not {self.dtype}; "
                             "cast with model.to(torch.bfloat16) or use model.generate()")
-        family = _family(model)
-        if family not in SUPPORTED_FAMILIES:
-            raise TcalError(f"FastDecoder supports {', '.join(SUPPORTED_FAMILIES)} models, not {family!r}; "
-                            "use model.generate()")
+        why = runs(model.config)
+        if why:
+            raise TcalError(f"{why}; use model.generate()")
         if max_len < 1 or batch_size < 1:
             raise TcalError(f"FastDecoder needs max_len >= 1 and batch_size >= 1 (got {max_len}, {batch_size})")
         layers = model.model.layers

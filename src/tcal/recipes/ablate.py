@@ -64,16 +64,13 @@ def _check(cfg: AblateConfig):
     """Every argument, before the teacher loads: (output directory, init names)."""
     from tcal.conversion.inits import parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
-    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.conversion.surgery import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
-    from tcal.data.teacher_table import default_eval
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
-    cfg.resolve_calib(cfg.teacher)
-    cfg.resolve_eval(default_eval(cfg.teacher), every=True)
-    check_teacher_spec(cfg.teacher)
+    resolve_teacher_args(cfg, every_eval=True)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     parse_policy(parse_keep(cfg.keep), num_layers=None)

@@ -146,10 +146,9 @@ def plan(cfg: BenchConfig) -> Plan:
         raise TcalError(f"--num-layers must be 0 (the shape's depth) or more, got {cfg.num_layers}")
     resolve_dtype(cfg.dtype)
     if any(r in LLAMA_CPP_ROWS for r in rows):
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            raise TcalError("the llama.cpp rows need llama-cpp-python: pip install 'tcal[gguf]'") from None
+        from tcal.evaluate.llamacpp import module
+
+        module("a llama.cpp row of tcal bench")
     if cfg.threads < 0:
         raise TcalError(f"--threads must be 0 (every core) or more, got {cfg.threads}")
     device = resolve_device(cfg.device)
@@ -208,27 +207,21 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
     tells; ``saved``: a saved hybrid (its eps is its own), else a shape (converted here for the layout it fits).
     The weights of a saved hybrid are checked for the llama.cpp layout once loaded (:func:`check_rows_on_weights`)."""
     from tcal.conversion.target import LAYOUT_EPS, layout_blocker
-    from tcal.export.gguf import TEACHER_ARCHS
-    from tcal.models.fast import SUPPORTED_FAMILIES
+    from tcal.export.gguf import ARCH, teacher_gguf_blocker
+    from tcal.families.rope import gguf_rope_blocker, rope_parameters
+    from tcal.models.fast import runs
 
-    family = base.model_type
     if row not in LLAMA_CPP_ROWS:
-        if family not in SUPPORTED_FAMILIES:
-            return f"FastDecoder runs {', '.join(SUPPORTED_FAMILIES)} models, not {family!r}"
-        return None
-    rope_type = dict(getattr(base, "rope_parameters", None) or {}).get("rope_type", "default")
+        return runs(base)
     if row == "teacher-llama.cpp":
-        if family not in TEACHER_ARCHS:
-            return f"tcal writes llama.cpp GGUFs of {', '.join(TEACHER_ARCHS)} teachers, not {family!r}"
-        if rope_type != "default":
-            return f"the teacher's RoPE is {rope_type!r}; tcal writes GGUFs with plain RoPE only"
-        return None
+        return teacher_gguf_blocker(base)
     why = layout_blocker(base)
     if why:
         return (f"{why}; llama.cpp runs a tcal hybrid only in that layout, and this one runs where tcal is "
                 "imported (the eager, fast and generate rows)")
-    if rope_type != "default":
-        return f"the teacher's RoPE is {rope_type!r}; llama.cpp's qwen35 applies no RoPE scaling"
+    why = gguf_rope_blocker(rope_parameters(base), ARCH)
+    if why:
+        return why
     if saved and base.rms_norm_eps != LAYOUT_EPS:
         return (f"the hybrid's RMSNorm eps is {base.rms_norm_eps:g}; llama.cpp would l2-normalise its GDN q and k "
                 f"with it where the hybrid uses {LAYOUT_EPS:g} (convert with --target qwen3_5)")
@@ -390,12 +383,11 @@ def _llama_cpp_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
 
     from tcal.evaluate import speed
     from tcal.evaluate.gguf_speed import gguf_rows
+    from tcal.evaluate.llamacpp import gpu_offload
     from tcal.export.gguf import export_gguf, write_teacher_gguf
 
     try:
-        import llama_cpp
-
-        gpu = -1 if p.device.startswith("cuda") and llama_cpp.llama_supports_gpu_offload() else 0
+        gpu = -1 if p.device.startswith("cuda") and gpu_offload() else 0
         with tempfile.TemporaryDirectory(prefix="tcal-bench-") as tmp:
             path = Path(tmp) / f"{name}.gguf"
             if name.startswith("teacher"):

@@ -45,10 +45,9 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep, parse_policy
-    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.conversion.surgery import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
-    from tcal.data.teacher_table import default_eval
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate import perplexity_report
@@ -56,9 +55,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.utils.runtime import peak_memory, resolve_dtype
 
     # every argument is checked before the teacher loads
-    cfg.resolve_calib(cfg.teacher)
-    cfg.resolve_eval(default_eval(cfg.teacher))
-    check_teacher_spec(cfg.teacher)
+    resolve_teacher_args(cfg)
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.utils.config import DeviceArgs, OutArgs, arg
+from tcal.export.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
+from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
 
 RETRIEVAL_TASKS = ("single", "single-words", "single-uuids", "single-noise", "multikey", "multivalue",
                    "multiquery", "vt", "cwe")  # tcal.evaluate.niah.TASKS, listed here for --help without torch
 LOCAL_HARNESS_TASKS = ("tcal_lastword", "tcal_cloze")  # tcal.evaluate.harness.LOCAL_TASKS, likewise
-ENGINES = ("tcal", "llama.cpp")
 PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
 CODE_EXECUTION_HELP = (
     "humaneval: run the model's code on this machine (required). Each program runs in its own process in an empty "
@@ -39,7 +39,7 @@ CODE_EXECUTION_HELP = (
 
 @dataclass
 class EvalConfig(DeviceArgs, OutArgs):
-    model: str = arg("smollm2-135m", "a saved tcal hybrid directory, or any teacher spec")
+    model: str = arg(DEFAULT_TEACHER, "a saved tcal hybrid directory, or any teacher spec")
     task: str = arg("ppl", "ppl (held-out perplexity), niah (every retrieval task), a comma list of "
                            "retrieval tasks: " + ", ".join(RETRIEVAL_TASKS) + ", humaneval (pass@1 of the code "
                            "the model writes; needs --allow-code-execution); or list (print every task)")

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tcal.export.engines import export_engines
 from tcal.utils.config import OutArgs, arg
 from tcal.utils.errors import TcalError
 
@@ -38,9 +39,10 @@ class ExportConfig(OutArgs):
                              "weights stay f32 or bf16 where the type cannot hold them", choices=GGUF_TYPES)
     gguf_vocab: str = arg("", "gguf only: a .gguf whose tokenizer to copy (default: the teacher's own GGUF where the "
                               "teacher was one, else the hybrid's tokenizer)")
-    engines: str = arg("", "engines the export must run in, comma-separated: transformers, vllm, sglang (hf) or "
-                           "llama.cpp (gguf); one that cannot run this hybrid is an error before any work "
-                           "(default: none required; export.md says how every engine of the format runs it)")
+    engines: str = arg("", "engines the export must run in, comma-separated: "
+                           + " or ".join(f"{', '.join(e.key for e in export_engines(f))} ({f})" for f in FORMATS)
+                           + "; one that cannot run this hybrid is an error before any work (default: none required; "
+                           "export.md says how every engine of the format runs it)")
     check: bool = arg(True, "reload the export with its engine and compare its logits (and a GGUF's tokenizer) "
                             "with the hybrid's before publishing")
     progress: bool = arg(True, "progress bar while the GGUF's tensors are written")
@@ -170,10 +172,10 @@ def run(cfg: ExportConfig) -> Path:
     out = check_out(cfg.out, "export", cfg.overwrite)
     fmt, kind = _options(cfg)
     required = engines.parse_engines(cfg.engines, fmt)
-    if fmt == "gguf" and (cfg.check or kind in QUANTISED):
-        from tcal.export.check import llama_cpp
+    if fmt == "gguf" and (cfg.check or kind in QUANTISED):  # missing before any work, not after the file is written
+        from tcal.evaluate.llamacpp import module
 
-        llama_cpp()  # missing before any work, not after the file is written
+        module(f"a {kind} GGUF (llama.cpp's quantiser)" if kind in QUANTISED else "checking a GGUF (--no-check skips it)")
     if fmt == "gguf" and cfg.gguf_vocab:
         from tcal.data.corpora import path_exists
 
@@ -225,7 +227,8 @@ def run(cfg: ExportConfig) -> Path:
         write_json(tmp / "export.json", record)
         resolved = {"dtype": kind, "gguf_type": ""} if fmt == "hf" else {"dtype": "", "gguf_type": kind}
         write_json(tmp / "tcal_config.json", {"stage": "export", **dataclasses.asdict(cfg), **resolved})
-        (tmp / "export.md").write_text(export_markdown(cfg, record, table))
+        serve = engines.serve_commands(layout, fmt, kind, str(Path(cfg.out)))
+        (tmp / "export.md").write_text(export_markdown(cfg, record, table, serve))
     chk = record.get("check")
     print(f"wrote {cfg.out}: {fmt} ({kind}), {record['layer_types'].count('linear_attention')} GDN layers; "
           + (f"logits within {chk['rel_err']:.1e} of the hybrid's, same next token at {chk['top1_agree']:.0%} of "
@@ -263,8 +266,9 @@ def _write_hf(tmp: Path, src: Path, config: dict, sd: dict, tok, dtype: str) -> 
         tok.save_pretrained(tmp)
 
 
-def export_markdown(cfg: ExportConfig, record: dict, table=()) -> str:
-    out = Path(cfg.out)
+def export_markdown(cfg: ExportConfig, record: dict, table=(), serve=()) -> str:
+    """export.md: what was written and checked, the engine table, and the commands that serve it (``serve``:
+    :func:`tcal.export.engines.serve_commands`)."""
     fmt, kind = record["format"], record["type"]
     lines = [f"# tcal export: {record['hybrid']} -> {record['layout']} ({fmt}, {kind})", "",
              f"- layers: {record['layer_types'].count('linear_attention')} Gated DeltaNet, "
@@ -283,19 +287,5 @@ def export_markdown(cfg: ExportConfig, record: dict, table=()) -> str:
     if table:
         lines += ["", "## Engines", "", "| engine | versions | runs this export | how, or why not |", "|---|---|---|---|"]
         lines += [f"| {r.engine} | {r.versions} | {r.runs} | {r.how} |" for r in table]
-    runs = {r.engine: r.runs for r in table}
-    lines += ["", "## Serve", ""]
-    if fmt == "hf":
-        dtype = " --dtype bfloat16" if kind == "float32" else ""
-        lines += ["```bash",
-                  f"python -c \"import transformers as t; m = t.AutoModelForCausalLM.from_pretrained('{out}')\""]
-        if runs.get("vLLM") != "cannot":
-            backend = " --gdn-prefill-backend triton   # on H100/H200" if any(
-                r.engine == "vLLM" and "gdn-prefill-backend" in r.how for r in table) else ""
-            lines.append(f"vllm serve {out}{backend}")
-        if runs.get("SGLang") != "cannot":
-            lines.append(f"python -m sglang.launch_server --model-path {out}{dtype}")
-        lines.append("```")
-    else:
-        lines += ["```bash", f"llama-server -m {out}/model-{kind}.gguf", "```"]
+    lines += ["", "## Serve", "", "```bash", *serve, "```"]
     return "\n".join(lines) + "\n"

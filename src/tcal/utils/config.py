@@ -52,12 +52,15 @@ def from_args(cls, ns: argparse.Namespace, **overrides):
 # redefines the field and says why in its help)
 # ---------------------------------------------------------------------------------------------
 
-TEACHER_HELP = "teacher: built-in name (smollm2-135m), local HF directory, .gguf file or hub id"
+# The teacher every command takes unless told otherwise: a built-in of tcal.data.teacher_table (here, below it, so
+# that every command's flags read it without the table)
+DEFAULT_TEACHER = "smollm2-135m"
+TEACHER_HELP = f"teacher: built-in name ({DEFAULT_TEACHER}), local HF directory, .gguf file or hub id"
 
 
 @dataclasses.dataclass
 class TeacherArgs:
-    teacher: str = arg("smollm2-135m", TEACHER_HELP)
+    teacher: str = arg(DEFAULT_TEACHER, TEACHER_HELP)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,10 @@
+"""Mistral: Llama's decoder layer with an optional sliding window (``sliding_window``; the Qwen3.5 layout holds it
+only where the window never slides). llama.cpp writes and reads Mistral GGUFs as architecture ``llama``
+(transformers tells them apart by the GGUF's name)."""
+from tcal.families.family import Family
+
+FAMILY = Family(
+    name="mistral", model_type="mistral", title="Mistral",
+    config_class="MistralConfig", causal_lm_class="MistralForCausalLM",
+    gguf_architecture="llama", teacher_gguf=True,
+)

@@ -1,0 +1,13 @@
+"""Qwen2 and Qwen2.5 (and the Qwen2.5-Coder built-ins): Llama's layer with q/k/v biases always on."""
+from tcal.families.family import Family
+
+# the Split regex of the Qwen2 / Qwen2.5 / Qwen3 tokenizer.json (before its ByteLevel step): llama.cpp's "qwen2"
+QWEN2_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+               "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+FAMILY = Family(
+    name="qwen2", model_type="qwen2", title="Qwen2/2.5",
+    config_class="Qwen2Config", causal_lm_class="Qwen2ForCausalLM",
+    gguf_architecture="qwen2", teacher_gguf=True,
+    pre_tokenizers={QWEN2_SPLIT: "qwen2"},
+)

@@ -1,0 +1,43 @@
+"""The engines as objects: every engine an export names has a rule and a serve command, --engines and --engine take
+their keys, and the serve commands follow each engine's verdict on the export."""
+import pytest
+from helpers import target_hybrid
+
+from tcal.export import engines
+from tcal.export.qwen3_5 import to_qwen3_5
+from tcal.utils.errors import TcalError
+
+
+def test_every_export_engine_has_a_rule_a_serve_command_and_a_check():
+    assert [e.key for e in engines.export_engines("hf")] == ["transformers", "vllm", "sglang"]
+    assert [e.key for e in engines.export_engines("gguf")] == ["llama.cpp"]
+    for e in engines.ENGINES.values():
+        assert e.checked and (e.rule is None) == (e.serve is None) == (e.reads == "tcal")
+    assert engines.GENERATING == ("tcal", "llama.cpp")
+
+
+def test_eval_takes_the_generating_engines():
+    from tcal.recipes.eval import EvalConfig
+
+    assert EvalConfig.__dataclass_fields__["engine"].metadata["choices"] == engines.GENERATING
+
+
+def test_parse_engines_names_the_format_each_engine_reads():
+    assert [e.name for e in engines.parse_engines("vllm, SGLang", "hf")] == ["vLLM", "SGLang"]
+    with pytest.raises(TcalError, match="--format gguf is not for vllm; vllm runs --format hf"):
+        engines.parse_engines("vllm", "gguf")
+    with pytest.raises(TcalError, match="the engines are transformers, vllm, sglang, llama.cpp"):
+        engines.parse_engines("tgi", "hf")
+
+
+def test_serve_commands_follow_the_verdicts():
+    periodic = to_qwen3_5(target_hybrid("llama", keep=(1, 3))[0])  # interval 2, no biases: SGLang runs it
+    other = to_qwen3_5(target_hybrid("llama", keep=(0, 2))[0])  # attention at 0 and 2: SGLang cannot
+    assert engines.serve_commands(periodic, "hf", "float32", "out") == [
+        "python -c \"import transformers as t; m = t.AutoModelForCausalLM.from_pretrained('out')\"",
+        "vllm serve out --gdn-prefill-backend triton   # on H100/H200",  # GDN head size 16, not FlashInfer's 128
+        "python -m sglang.launch_server --model-path out --dtype bfloat16"]
+    assert [c.split()[0] for c in engines.serve_commands(other, "hf", "bfloat16", "out")] == ["python", "vllm"]
+    assert engines.required_blocker(other, "hf", "float32", engines.parse_engines("sglang", "hf")).startswith(
+        "SGLang cannot run this hybrid: it places attention by full_attention_interval alone")
+    assert engines.serve_commands(other, "gguf", "q8_0", "out") == ["llama-server -m out/model-q8_0.gguf"]
