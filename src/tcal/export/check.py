@@ -88,11 +88,15 @@ def hf_tokenizer_check(path, tokenizer) -> str:
                              "the source tokenizer's")
 
 
-def llama_cpp():
+CHECK_NEEDS = "checking a GGUF needs llama-cpp-python: pip install 'tcal[gguf]' (or pass --no-check)"
+
+
+def llama_cpp(need: str = CHECK_NEEDS):
+    """The llama_cpp module; ``need``: the one-line error where it is not installed, saying what needs it."""
     try:
         import llama_cpp as lc
     except ImportError:
-        raise TcalError("checking a GGUF needs llama-cpp-python: pip install 'tcal[gguf]' (or pass --no-check)") from None
+        raise TcalError(need) from None
     return lc
 
 

@@ -171,9 +171,10 @@ def run(cfg: ExportConfig) -> Path:
     fmt, kind = _options(cfg)
     required = engines.parse_engines(cfg.engines, fmt)
     if fmt == "gguf" and (cfg.check or kind in QUANTISED):
-        from tcal.export.check import llama_cpp
+        from tcal.export.check import CHECK_NEEDS, llama_cpp
+        from tcal.export.gguf import quantiser_needed
 
-        llama_cpp()  # missing before any work, not after the file is written
+        llama_cpp(quantiser_needed(kind) if kind in QUANTISED else CHECK_NEEDS)  # before any work, not after writing
     if fmt == "gguf" and cfg.gguf_vocab:
         from tcal.data.corpora import path_exists
 

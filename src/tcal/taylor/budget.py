@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.data.teacher_table import default_calib
+from tcal.data.teacher_table import CODE_CALIB, builtin_origin, default_calib
 from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.utils.config import arg
 from tcal.utils.errors import TcalError
@@ -67,9 +67,18 @@ class CalibArgs:
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
 
     def resolve_calib(self, teacher: str) -> None:
-        """``--calib auto`` -> the teacher's default calibration text (tcal.data.teacher_table)."""
+        """``--calib auto`` -> the teacher's default calibration text (tcal.data.teacher_table); said aloud where a
+        teacher tcal does not know is named like a code model but gets the prose default."""
         if self.calib.strip() == "auto":
             self.calib = default_calib(teacher)
+            if builtin_origin(teacher) is None and "code" in str(teacher).lower():
+                import warnings
+
+                from tcal.utils.errors import TcalWarning
+
+                warnings.warn(f"--calib auto: {teacher} is not a built-in teacher (nor made from one), so it calibrates "
+                              f"on the prose default {self.calib}; for a code model pass --calib {CODE_CALIB}",
+                              TcalWarning, stacklevel=2)
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:
