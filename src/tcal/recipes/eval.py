@@ -30,11 +30,12 @@ LOCAL_HARNESS_TASKS = ("tcal_lastword", "tcal_cloze")  # tcal.evaluate.harness.L
 ENGINES = ("tcal", "llama.cpp")
 PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
 CODE_EXECUTION_HELP = (
-    "humaneval: run the model's code on this machine (required). Each program runs in its own process in an empty "
-    "temporary directory, without your environment variables, under time, memory, file-size and process limits, "
-    "with the standard library's process and file-deletion calls switched off, and its process group is killed "
-    "afterwards. It is NOT a security sandbox: it does not stop network access, reading your files, or code that "
-    "goes around Python (ctypes); run untrusted models' code in a container")
+    "humaneval: run the model's code (or the --completions) on this machine (required). Each program runs in its own "
+    "processes in an empty temporary directory, without your environment variables, under time, memory, file-size "
+    "and process limits; on Linux x86-64 and arm64 the kernel refuses its calls that signal other processes, run "
+    "other programs or delete files, everything it starts is killed afterwards, and a problem passes only once its "
+    "check() has returned. It is NOT a security sandbox: it does not stop network access, reading your files or "
+    "overwriting them; run untrusted models' code in a container (docs/evaluation.md says exactly what holds)")
 
 
 @dataclass
