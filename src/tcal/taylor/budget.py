@@ -48,7 +48,7 @@ class CalibArgs:
     calib: str = arg("auto", "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal shares, "
                              "interleaved); disjoint from --eval. auto: the teacher's own default, "
                              "wiki:calib+shakespeare:calib, and code:calib+wiki:calib for the code teachers "
-                             "(qwen2.5-coder-*)")
+                             "(qwen2.5-coder-*, a copy of one, or a hybrid made from one)")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
                                     "large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
                                     "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
