@@ -80,6 +80,24 @@ humaneval() {
   python3 -m tcal.cli eval "$1" --task humaneval --allow-code-execution --batch-size 164 --device cuda --no-progress \
     --out "$2" 2>&1 | grep -v "it/s" | grep -E "pass@1|error" | head -3
 }
+# cuda_tests LOG [-k EXPR] TEST...: pytest on TEST..., its whole output in LOG and the lines that matter on screen;
+# fails loudly where a named test file does not exist, pytest fails, or no test passed (on a machine without CUDA or
+# fla every one of these skips, which is not a check)
+cuda_tests() {
+  local log=$1 t rc summary
+  shift
+  for t in "$@"; do
+    case $t in tests/*) [ -e "${t%%::*}" ] || { echo "check: ${t%%::*} does not exist; name the tests that do" >&2; return 4; } ;; esac
+  done
+  python3 -m pytest -q -s -rs -p no:cacheprovider "$@" > "$log" 2>&1
+  rc=$?
+  grep -E "fla chunk|torch chunk|passed|failed|Error|SKIP" "$log"
+  summary=$(tail -1 "$log")
+  if [ "$rc" -ne 0 ] || ! grep -qE "[1-9][0-9]* passed" <<<"$summary"; then
+    echo "check: the CUDA tests did not run and pass (pytest exit $rc: $summary); see $log" >&2
+    return 1
+  fi
+}
 # pack_runs DIR NAME: DIR's reports, curves and retrieval results (no weights, no unfinished runs) as $OUT/NAME.tgz
 pack_runs() { (cd "$1" && tar czf "$OUT/$2.tgz" --exclude='*.safetensors' --exclude='*.partial' .); }
 
@@ -105,9 +123,8 @@ for step in "$@"; do
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
       python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 ;;
     check)
-      python3 -m pytest -q -s -p no:cacheprovider tests/ops/test_fla.py tests/test_evaluate.py::test_cuda_matches_cpu \
-        tests/train/test_trainer.py::test_distill_on_cuda_bf16_trains_and_resumes 2>&1 \
-        | grep -E "fla chunk|torch chunk|passed|failed|Error|SKIP" | tee "$OUT/cuda_tests.log"
+      cuda_tests "$OUT/cuda_tests.log" tests/ops/test_fla.py tests/evaluate/test_perplexity.py::test_cuda_matches_cpu \
+        tests/train/test_trainer.py::test_distill_on_cuda_bf16_trains_and_resumes || exit 1
       for dt in bfloat16 float32; do
         python3 bench/gdn_ops.py --B 4 --T 4096 --H 16 --D 128 --dtype $dt --impls chunk,scan,fla --reps 10 \
           --json "$OUT/gdn_ops_$dt.json" | tail -5
@@ -198,8 +215,8 @@ for step in "$@"; do
       tar czf "$OUT/bench.tgz" -C /tmp $(cd /tmp && ls -d bench-llama bench-smol 2>/dev/null) ;;
     gputests)
       # the CUDA cases of Phase 2 side by side: the stack's forward on fla, the group fit against each layer alone
-      python3 -m pytest -q -p no:cacheprovider -k cuda tests/modules/test_gdn_stack.py \
-        tests/taylor/test_phase2_concurrent.py 2>&1 | tail -6 | tee "$OUT/gputests.log" ;;
+      cuda_tests "$OUT/gputests.log" -k cuda tests/modules/test_gdn_stack.py tests/taylor/test_phase2_concurrent.py \
+        || exit 1 ;;
     phase2-ab)
       # Phase 2 at the SmolLM2-135M shape (random weights, 15 of 30 layers converted, 64 x 512 tokens, 150 steps of 16):
       # one layer at a time in fp32 (as before), then side by side with TF32 (PHASE2_AB: more "concurrent,tf32" pairs)

@@ -174,3 +174,27 @@ def header_gguf(path, arch: str):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def processes_named(tag: str) -> list[int]:
+    """The ids of the live processes whose name (/proc/PID/comm) is ``tag``: what a sandboxed program started."""
+    import os
+
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == tag:
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def daemons_program(tag: str) -> str:
+    """Python that starts three double-forked daemons in sessions of their own, named ``tag`` (at most 15
+    characters), each making directories in the working directory for ever (whose removal they would break)."""
+    return (f"import ctypes, posix, time\nfor _ in range(3):\n    if posix.fork() == 0:\n        posix.setsid()\n"
+            f"        if posix.fork() == 0:\n            ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n"
+            "            while True:\n                posix.mkdir('d%d-%f' % (posix.getpid(), time.time()))\n"
+            "                time.sleep(0.001)\n        posix._exit(0)\ntime.sleep(0.2)\n")

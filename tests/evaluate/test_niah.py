@@ -8,7 +8,7 @@ from helpers import tiny_teacher, word_tokenizer
 import tcal
 from tcal.cli import main
 from tcal.evaluate.niah import NEEDLE, TASKS, accuracy_interval, make_samples, niah, niah_details, score
-from tcal.recipes.eval import RETRIEVAL_TASKS
+from tcal.recipes.eval import PARTIAL_MARK, RETRIEVAL_TASKS
 from tcal.utils.errors import TcalError
 
 TEXT = ("The committee met in the spring. It discussed the harbor and the roads. Members spoke at length. "
@@ -140,6 +140,7 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     # an interrupted run keeps its finished cells: the rerun computes only what is missing
     partial = tmp_path / "again.partial"
     partial.mkdir()
+    (partial / PARTIAL_MARK).write_text('{"stage": "eval"}')  # as tcal marks its own unfinished work
     first = {k: v for k, v in data.items() if k in ("settings",)}
     first["cells"] = {f"{c['task']}@{c['length']}": c for c in data["cells"][:3]}
     (partial / "niah.json").write_text(json.dumps(first))

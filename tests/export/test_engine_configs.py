@@ -131,16 +131,19 @@ def test_sglang_reads_the_export(sglang, exports, family, placement):
     assert sglang.ns["_get_and_verify_dtype"]({**raw, "dtype": "bfloat16"}, "auto") == torch.bfloat16
 
 
-def test_sglang_refused_every_export_before_the_engine_keys(sglang, exports):
-    """What the export wrote before this fix (no interval, no top-level rotary factor), read by SGLang's code: the
-    placement raises and the rotary factor is a quarter. The keys the export writes now are what changes it."""
+def test_each_key_the_export_writes_for_sglang_is_one_it_needs(sglang, exports):
+    """The export writes full_attention_interval and a top-level partial_rotary_factor (a change to the export that
+    drops either fails here), and SGLang's code needs each: without the interval it cannot place the layers, without
+    the factor it rotates a quarter of each head."""
     path, _ = exports["llama", "periodic"]
     raw = json.loads((path / "config.json").read_text())
-    old = {k: v for k, v in raw.items() if k not in ("full_attention_interval", "partial_rotary_factor", "rope_theta")}
-    cfg = sglang.TextConfig(**old)
+    assert raw["full_attention_interval"] == 2 and raw["partial_rotary_factor"] == 1.0
+    assert sglang.TextConfig(**raw).partial_rotary_factor == 1.0
+    without = sglang.TextConfig(**{k: v for k, v in raw.items() if k != "full_attention_interval"})
     with pytest.raises(AttributeError, match="full_attention_interval"):
-        _ = cfg.layers_block_type
-    assert cfg.partial_rotary_factor == 0.25
+        _ = without.layers_block_type
+    without = sglang.TextConfig(**{k: v for k, v in raw.items() if k != "partial_rotary_factor"})
+    assert without.partial_rotary_factor == 0.25
 
 
 # -- vLLM -----------------------------------------------------------------------------------------------------
@@ -243,17 +246,20 @@ def test_vllm_reads_the_export(vllm, exports, family, placement):
     assert "--gdn-prefill-backend triton" in verdict["how"]
 
 
-def test_vllm_dropped_qwen2_biases_before_the_engine_keys(vllm, exports):
-    """What the export wrote before this fix (attention_bias, no qkv_bias), read by vLLM's attention: no q/k/v bias
-    parameters, so its weight loader would have skipped the checkpoint's biases."""
+def test_the_qkv_bias_key_the_export_writes_is_what_gives_vllm_the_biases(vllm, exports):
+    """A Qwen2 hybrid's export says qkv_bias (a change to the export that drops it fails here), and vLLM's attention
+    reads that key alone: without it, no q/k/v bias parameters, and its weight loader would skip the checkpoint's."""
     from transformers import AutoConfig
 
     path, _ = exports["qwen2", "periodic"]
-    raw = {k: v for k, v in json.loads((path / "config.json").read_text()).items() if k != "qkv_bias"}
-    cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    assert cfg.attention_bias is True
+    raw = json.loads((path / "config.json").read_text())
+    assert raw["qkv_bias"] is True
     expr = keyword_expr(vllm.root / "model_executor" / "models" / "qwen3_next.py", "Qwen3NextAttention", "__init__",
                         "QKVParallelLinear", "bias")
+    assert eval(expr, {"config": AutoConfig.from_pretrained(path), "getattr": getattr}) is True  # noqa: S307
+    without = {k: v for k, v in raw.items() if k != "qkv_bias"}
+    cfg = AutoConfig.for_model(without.pop("model_type"), **without)
+    assert cfg.attention_bias is True  # the teacher's own key says so, and vLLM does not read it
     assert eval(expr, {"config": cfg, "getattr": getattr}) is False  # noqa: S307
 
 

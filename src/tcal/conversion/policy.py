@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 from tcal.utils.errors import TcalError
@@ -81,6 +82,11 @@ def scope_layers(scope: str | None, layer_types: list[str] | None, num_layers: i
     return layers
 
 
+def _whole(text: str) -> bool:
+    """ASCII digits only: str.isdigit also takes '²' and '①', which int() refuses."""
+    return bool(re.fullmatch(r"[0-9]+", text))
+
+
 def parse_keep(spec: str, name: str = "keep") -> list[int] | str:
     """'0,4,8' -> [0, 4, 8]; anything else (a policy such as 'uniform:8') is passed through.
 
@@ -88,12 +94,12 @@ def parse_keep(spec: str, name: str = "keep") -> list[int] | str:
     and '1,1' are errors, not [1, 2], [1, 2], a policy named '0,a' or [1, 1]. ``name`` names the argument in
     the error (``--layers`` for tcal stats)."""
     parts = [p.strip() for p in spec.split(",")]
-    if "@" in spec or (len(parts) == 1 and not parts[0].lstrip("-").isdigit()):
+    if "@" in spec or (len(parts) == 1 and not _whole(parts[0].lstrip("-"))):
         return spec  # a policy, scoped or not (or a bad one: parse_policy names what is wrong)
     if "" in parts:
         raise TcalError(f"{name} {spec!r} has an empty entry; give layer indices separated by single commas, "
                         "like 0,4,8")
-    bad = [p for p in parts if not p.lstrip("-").isdigit()]
+    bad = [p for p in parts if not _whole(p.lstrip("-"))]
     if bad:
         raise TcalError(f"{name} {spec!r}: {bad[0]!r} is not a layer index; give whole numbers like 0,4,8 "
                         "(or one policy such as uniform:8, without commas)")
@@ -165,7 +171,7 @@ def _interval_policy(spec: str, count: str, scope: str | None, num_layers: int |
     if scope is not None:
         raise TcalError(f"keep policy {spec!r}: interval:K places attention by layer index (layer i is kept when "
                         "(i + 1) % K == 0); it takes no @ scope")
-    if not count.isdigit():
+    if not _whole(count):
         raise TcalError(f"keep policy {spec!r}: K is the period of the placement, a whole number like interval:4 "
                         f"(attention in every 4th layer), got {count!r}")
     k = int(count)

@@ -341,7 +341,8 @@ def refusal(o: Overlap, role: str) -> str:
 
 
 def check_no_eval_text(data, eval_specs=(), *, role: str = "training data", cache_dir=None) -> list[Overlap]:
-    """Refuse ``data`` (a corpus, or a mixture ``a+b`` of them) whose text overlaps evaluation text: the
+    """Refuse ``data`` (a corpus, or a mixture ``a+b`` of them: each part, and the mixture as a whole) whose text
+    overlaps evaluation text: the
     ``eval_specs`` (a spec or a sequence of them; token ids skipped) and every built-in ``:eval`` split in the
     cache. Data that is token ids (a pool, a ``.npy`` file, a tensor) is not text and passes (a pool was
     checked when it was built). Returns every overlap measured."""
@@ -357,17 +358,26 @@ def check_no_eval_text(data, eval_specs=(), *, role: str = "training data", cach
             if o.refused:
                 raise TcalError(refusal(o, role))
             found.append(o)
+    if len(parts) > 1:  # the whole mixture: parts each under the limit can together hold most of an evaluation text
+        name = data if isinstance(data, str) else "+".join(map(str, parts))
+        mine = np.unique(np.concatenate([corpus_ngrams(_corpus(p, cache_dir), cache_dir=cache_dir) for p in parts]))
+        found += _checked(name, mine, evals, role, cache_dir)
     return found
 
 
-def check_ngrams(name: str, hashes: np.ndarray, *, role: str = "pool source", cache_dir=None) -> list[Overlap]:
-    """Refuse text already cut into n-gram hashes (a pool source, hashed as it streamed) that overlaps a
-    built-in evaluation split in the cache; returns the overlaps."""
+def _checked(name: str, hashes: np.ndarray, evals: Sequence[Corpus], role: str, cache_dir) -> list[Overlap]:
+    """Text already cut into n-gram hashes against each evaluation text: the overlaps, or the refusal."""
     found = []
-    for ev in eval_corpora((), cache_dir=cache_dir):
+    for ev in evals:
         theirs = corpus_ngrams(ev, cache_dir=cache_dir)
         o = Overlap(name, ev.name, len(hashes), len(theirs), shared_count(hashes, theirs))
         if o.refused:
             raise TcalError(refusal(o, role))
         found.append(o)
     return found
+
+
+def check_ngrams(name: str, hashes: np.ndarray, *, role: str = "pool source", cache_dir=None) -> list[Overlap]:
+    """Refuse text already cut into n-gram hashes (a pool source, hashed as it streamed) that overlaps a
+    built-in evaluation split in the cache; returns the overlaps."""
+    return _checked(name, hashes, eval_corpora((), cache_dir=cache_dir), role, cache_dir)

@@ -103,19 +103,55 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
 )}
 
 
+def builtin_origin(teacher) -> str | None:
+    """The built-in teacher a spec is or comes from: its name, a copy of its converted cache directory (which names
+    it in tcal_teacher.json), or a tcal output made from it (a hybrid, a distilled one: tcal_config.json's teacher,
+    followed back); None for any other model."""
+    import json
+    from pathlib import Path
+
+    spec = str(teacher)
+    for _ in range(8):  # a distilled hybrid of a hybrid of ...
+        if spec in TEACHERS:
+            return spec
+        path = Path(spec).expanduser()
+        try:
+            if not path.is_dir():
+                return None
+        except OSError:
+            return None
+        nxt = None
+        for name, key in (("tcal_teacher.json", "name"), ("tcal_config.json", "teacher")):
+            try:
+                value = json.loads((path / name).read_text()).get(key)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, str) and value.strip():
+                nxt = value if name == "tcal_teacher.json" or Path(value).is_absolute() or value in TEACHERS \
+                    else str(path / value) if (path / value).exists() else value
+                break
+        if nxt is None or nxt == spec:
+            return None
+        spec = nxt
+    return None
+
+
 def default_calib(teacher: str) -> str:
-    """The calibration text ``--calib auto`` stands for: the built-in teacher's own, else the prose default."""
-    t = TEACHERS.get(teacher)
+    """The calibration text ``--calib auto`` stands for: the built-in teacher's own (also for a copy of it or a
+    hybrid made from it, :func:`builtin_origin`), else the prose default."""
+    t = TEACHERS.get(builtin_origin(teacher) or "")
     return t.calib if t is not None else PROSE_CALIB
 
 
 def default_eval(teacher: str) -> list[str]:
-    """The held-out domains ``--eval auto`` stands for: the built-in teacher's own, else the prose ones."""
-    t = TEACHERS.get(teacher)
+    """The held-out domains ``--eval auto`` stands for: the built-in teacher's own (or its origin's), else the prose
+    ones."""
+    t = TEACHERS.get(builtin_origin(teacher) or "")
     return (t.eval if t is not None else PROSE_EVAL).split(",")
 
 
 def default_kl_data(teacher: str) -> str:
-    """What ``--kl-data auto`` stands for: the built-in teacher's own, else the calibration windows."""
-    t = TEACHERS.get(teacher)
+    """What ``--kl-data auto`` stands for: the built-in teacher's own (or its origin's), else the calibration
+    windows."""
+    t = TEACHERS.get(builtin_origin(teacher) or "")
     return t.kl_data if t is not None else "calib"

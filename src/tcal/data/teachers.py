@@ -142,7 +142,9 @@ def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     """
     if name not in TEACHERS:
         raise TcalError(f"{name!r} is not a built-in teacher; supported built-ins: {_builtins_line()}")
-    return _joined_gguf(TEACHERS[name], cache_dir)
+    path = _joined_gguf(TEACHERS[name], cache_dir)
+    check_gguf_sha256(path, TEACHERS[name].sha256)  # every reader gets the bytes the table names, or an error
+    return path
 
 
 def gguf_architecture(path) -> str | None:
@@ -175,9 +177,21 @@ def teacher_family(spec: str) -> str | None:
     return None
 
 
+_VERIFIED: dict = {}  # (path, size, mtime) -> sha256 of the files hashed in this process
+
+
+def _sha256_once(path: Path) -> str:
+    """A file's sha256, hashed once per process while its size and modification time stay the same."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _VERIFIED:
+        _VERIFIED[key] = sha256_file(path)
+    return _VERIFIED[key]
+
+
 def check_gguf_sha256(path: Path, expected: str) -> None:
     try:
-        got = sha256_file(path)
+        got = _sha256_once(path)
     except OSError as e:
         raise TcalError(f"cannot read GGUF {path} ({e.strerror}); delete it so tcal fetches it again") from None
     if got != expected:
@@ -292,6 +306,8 @@ def _teacher_dir(name: str, cache_dir) -> Path:
 
 
 def _converted_ok(d: Path) -> bool:
+    """Whether ``d`` holds a finished conversion for this transformers major version, with its files' sha256s
+    (a conversion without them is converted again, once)."""
     import transformers
 
     meta = d / "tcal_teacher.json"
@@ -301,7 +317,23 @@ def _converted_ok(d: Path) -> bool:
         info = json.loads(meta.read_text())
     except (OSError, ValueError):
         return False
+    if not isinstance(info, dict) or not isinstance(info.get("files"), dict):
+        return False
     return str(info.get("transformers", "")).split(".")[0] == transformers.__version__.split(".")[0]
+
+
+def _check_converted(name: str, d: Path) -> None:
+    """The weights of a converted teacher are the bytes its conversion wrote: a damaged cache is an error, never
+    a model that loads and scores PPL nan."""
+    files = json.loads((d / "tcal_teacher.json").read_text())["files"]
+    for file, expected in files.items():
+        try:
+            got = _sha256_once(d / file)
+        except OSError as e:
+            got = f"unreadable ({e.strerror})"
+        if got != expected:
+            raise TcalError(f"the cached {name} teacher in {d} is damaged ({file}: sha256 {got[:16]}..., expected "
+                            f"{expected[:16]}...); delete {d} so tcal converts it again")
 
 
 def _convert_builtin(name: str, cache_dir) -> Path:
@@ -311,8 +343,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
 
     t = TEACHERS[name]
     final = _teacher_dir(name, cache_dir)
-    gguf_path = builtin_gguf_path(name, cache_dir=cache_dir)
-    check_gguf_sha256(gguf_path, t.sha256)
+    gguf_path = builtin_gguf_path(name, cache_dir=cache_dir)  # sha256-checked
     say(f"dequantising GGUF {gguf_path.name} ({t.size / 1e6:,.0f} MB; once, about a minute) into {final}")
     t0 = time.time()
     model, tok = _load_gguf(gguf_path, dtype=torch.float32)
@@ -338,6 +369,7 @@ def _convert_builtin(name: str, cache_dir) -> Path:
             "transformers": transformers.__version__,
             "torch": torch.__version__,
             "max_abs_logit_diff_after_reload": diff,
+            "files": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))},
             "seconds": round(time.time() - t0, 1),
         }, indent=2) + "\n")
     say(f"{name} ready in {time.time() - t0:.0f} s (cached; later loads take seconds)")
@@ -350,6 +382,7 @@ def builtin_teacher_dir(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
         raise TcalError(f"unknown built-in teacher {name!r}; known built-ins: {_builtins_line()}")
     d = _teacher_dir(name, cache_dir)
     if _converted_ok(d):
+        _check_converted(name, d)
         return d
     return _convert_builtin(name, cache_dir)
 

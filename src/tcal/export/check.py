@@ -85,6 +85,9 @@ def hf_tokenizer_check(path, tokenizer) -> str:
                              "the source tokenizer's")
 
 
+CHECK_NEEDS = "checking a GGUF needs llama-cpp-python: pip install 'tcal[gguf]' (or pass --no-check)"
+
+
 def load_gguf(path, n_ctx: int, *, vocab_only: bool = False, logits_all: bool = True):
     """llama.cpp on ``path`` with an f32 KV cache: the check compares the model, and llama.cpp's default f16 cache
     would round every cached key and value (a 5e-4 relative logit error on its own)."""

@@ -205,6 +205,12 @@ def _keep_patterns(types: dict[str, str]) -> dict[str, str]:
     return {f"^{n.replace('.', '[.]')}$": t for n, t in types.items() if t != "F16"}
 
 
+def quantiser_needed(file_type: str) -> str:
+    """The error where llama.cpp's quantiser is missing: --no-check cannot help, another type can."""
+    return (f"a {file_type} GGUF is made by llama.cpp's quantiser, which comes with llama-cpp-python: pip install "
+            "'tcal[gguf]', or export --gguf-type q8_0 (or f16), which tcal writes itself")
+
+
 def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads: int | None = None) -> None:
     """llama.cpp's quantiser (``llama_model_quantize``) from the GGUF ``src`` to ``dst`` in ``file_type``
     (:data:`QUANTISED`), with the tensors matching a ``keep`` pattern in the type named there."""
@@ -214,7 +220,10 @@ def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads
 
     from tcal.evaluate.llamacpp import module
 
-    lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")
+    try:
+        lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")
+    except TcalError:
+        raise TcalError(quantiser_needed(file_type)) from None
     params = lc.llama_model_quantize_default_params()
     params.ftype = QUANTISED[file_type]
     params.nthread = threads or os.cpu_count() or 1

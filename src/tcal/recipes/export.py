@@ -174,8 +174,13 @@ def run(cfg: ExportConfig) -> Path:
     required = engines.parse_engines(cfg.engines, fmt)
     if fmt == "gguf" and (cfg.check or kind in QUANTISED):  # missing before any work, not after the file is written
         from tcal.evaluate.llamacpp import module
+        from tcal.export.check import CHECK_NEEDS
+        from tcal.export.gguf import quantiser_needed
 
-        module(f"a {kind} GGUF (llama.cpp's quantiser)" if kind in QUANTISED else "checking a GGUF (--no-check skips it)")
+        try:
+            module()
+        except TcalError:
+            raise TcalError(quantiser_needed(kind) if kind in QUANTISED else CHECK_NEEDS) from None
     if fmt == "gguf" and cfg.gguf_vocab:
         from tcal.data.corpora import path_exists
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.data.teacher_table import default_calib, default_kl_data
+from tcal.data.teacher_table import CODE_CALIB, builtin_origin, default_calib, default_kl_data
 from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.utils.config import arg
 from tcal.utils.errors import TcalError
@@ -54,7 +54,7 @@ class CalibArgs:
     calib: str = arg("auto", "calibration corpus (Taylor-Calibrate inits only), or a mixture a+b (equal shares, "
                              "interleaved); disjoint from --eval. auto: the teacher's own default, "
                              "wiki:calib+shakespeare:calib, and code:calib+wiki:calib for the code teachers "
-                             "(qwen2.5-coder-*)")
+                             "(qwen2.5-coder-*, a copy of one, or a hybrid made from one)")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
                                     "large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
                                     "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
@@ -79,11 +79,20 @@ class CalibArgs:
                                        "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
 
     def resolve_calib(self, teacher: str) -> None:
-        """``--calib auto`` / ``--kl-data auto`` -> the teacher's defaults (tcal.data.teacher_table)."""
-        if self.calib.strip() == "auto":
-            self.calib = default_calib(teacher)
+        """``--calib auto`` / ``--kl-data auto`` -> the teacher's defaults (tcal.data.teacher_table); said aloud where a
+        teacher tcal does not know is named like a code model but gets the prose default."""
         if self.kl_data.strip() == "auto":
             self.kl_data = default_kl_data(teacher)
+        if self.calib.strip() == "auto":
+            self.calib = default_calib(teacher)
+            if builtin_origin(teacher) is None and "code" in str(teacher).lower():
+                import warnings
+
+                from tcal.utils.errors import TcalWarning
+
+                warnings.warn(f"--calib auto: {teacher} is not a built-in teacher (nor made from one), so it calibrates "
+                              f"on the prose default {self.calib}; for a code model pass --calib {CODE_CALIB}",
+                              TcalWarning, stacklevel=2)
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import sys
 
 import numpy as np
@@ -15,11 +16,21 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when a GPU is there, else 'cpu'; a CUDA device without CUDA is an error."""
+    """'auto' -> 'cuda' when a GPU is there, else 'cpu'; anything but cpu, cuda, cuda:N (and mps where there is one)
+    is an error, and so is a CUDA device this machine does not have: said before a model loads, not after."""
+    device = str(device).strip()
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    match = re.fullmatch(r"(cpu|cuda|mps)(?::(\d+))?", device)
+    if match is None or (match[2] is not None and match[1] != "cuda"):
+        raise TcalError(f"unknown --device {device!r}; use cpu, cuda, cuda:N or auto")
+    if match[1] == "cuda" and not torch.cuda.is_available():
         raise TcalError(f"--device {device} asked for but CUDA is not available; use --device cpu")
+    if match[2] is not None and int(match[2]) >= torch.cuda.device_count():
+        raise TcalError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered "
+                        "from 0")
+    if match[1] == "mps" and not torch.backends.mps.is_available():
+        raise TcalError("--device mps asked for but MPS is not available; use --device cpu")
     return device
 
 
