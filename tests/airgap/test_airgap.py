@@ -68,7 +68,9 @@ def packing_machine(tmp_path, monkeypatch):
     converted = cache / "teachers" / "tiny-test"
     teacher.save_pretrained(converted)
     tok.save_pretrained(converted)
-    (converted / "tcal_teacher.json").write_text(json.dumps({"transformers": transformers.__version__}))
+    # the marker a conversion writes: the transformers release and each weight file's sha256
+    (converted / "tcal_teacher.json").write_text(json.dumps({"transformers": transformers.__version__, "files": {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in converted.glob("*.safetensors")}}))
     entry = teacher_table.BuiltinTeacher(
         "tiny-test", "a tiny random Llama", family="llama", file="tiny.gguf", sha256=sha,
         parts=(teacher_table.Part("tiny-test-part", "0.0.1", "tiny_test_part", "tiny.gguf",
