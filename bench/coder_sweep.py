@@ -33,7 +33,7 @@ import torch
 
 from tcal.conversion.convert import calibration_ids, convert_with_record
 from tcal.conversion.select import SelectionConfig, answer_nll, niah_scores, removal_scores, validation_windows
-from tcal.data.instruct import code_tasks, pack, render
+from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.teachers import load_teacher
 from tcal.data.tokens import token_windows
 from tcal.evaluate import window_ppl
@@ -45,11 +45,6 @@ from tcal.taylor.kl_stage import kl_stage, mean_kl
 from tcal.utils.atomic import write_json
 
 CALIB = "code:calib+wiki:calib"
-
-
-def chat_windows(tok, tasks, seq_len: int = 512):
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return pack([render(tok, t) for t in tasks], seq_len, pad)
 
 
 def top(scores, k, largest=True):
@@ -86,7 +81,7 @@ def main():
     q = args.quick
     tasks = code_tasks("code:calib")
     calib_tasks, dev_tasks = tasks[:400], tasks[-(8 if args.quick else 64):]
-    dev_ids, dev_mask = chat_windows(tok, dev_tasks)
+    dev_ids, dev_mask = chat_windows(tok, dev_tasks, 512)
     val = token_windows("code:eval", tok, window=512, n_windows=2 if q else 8)
     wiki = token_windows("wiki:eval", tok, window=512, n_windows=1 if q else 4)
     problems = load_problems(limit=args.humaneval)
@@ -130,11 +125,11 @@ def main():
         scores["ar"] = removal_scores(teacher, lambda: window_ppl(teacher, w, batch_size=4, progress=False),
                                       desc="ar", progress=False)
     if "answers" not in scores:
-        a_ids, a_mask = chat_windows(tok, calib_tasks[:8 if q else 48])
+        a_ids, a_mask = chat_windows(tok, calib_tasks[:8 if q else 48], 512)
         scores["answers"] = removal_scores(teacher, lambda: answer_nll(teacher, a_ids, a_mask), desc="answers",
                                            progress=False)
     if "answers8" not in scores:  # what a CPU can afford: how much of the 48-task ranking do 8 tasks give?
-        a_ids, a_mask = chat_windows(tok, calib_tasks[:8])
+        a_ids, a_mask = chat_windows(tok, calib_tasks[:8], 512)
         scores["answers8"] = removal_scores(teacher, lambda: answer_nll(teacher, a_ids, a_mask), desc="answers8",
                                             progress=False)
     if "niah" not in scores:
@@ -160,7 +155,7 @@ def main():
                                    **({} if chat else {"kl": ref_kl}), share_weights=True)
         hybrid, rec = conv.hybrid, {"keep": keep, "calib_windows": windows, "chat_windows": chat}
         if chat:
-            c_ids, c_mask = chat_windows(tok, calib_tasks)
+            c_ids, c_mask = chat_windows(tok, calib_tasks, 512)
             c_ids, c_mask = c_ids[:chat + max(2, chat // 4)], c_mask[:chat + max(2, chat // 4)]
             rec["kl"] = {k: v for k, v in kl_stage(hybrid, teacher, c_ids[:chat], c_ids[chat:], ref_kl,
                                                    train_mask=c_mask[:chat], heldout_mask=c_mask[chat:]).items()

@@ -14,7 +14,7 @@ from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.target import DEFAULT_TARGET, target_options
-from tcal.data.instruct import code_tasks, pack, render
+from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
@@ -68,12 +68,10 @@ def chat_kl_data(spec: str, tokenizer, window: int, windows: int, heldout_frac: 
                         "none (not an instruct model's); use --kl-data calib")
     code = spec[len(CHAT):]
     check_no_eval_text(code, role="KL-stage text")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids, mask = None, None
     # about six tasks fit a 512-token window; read the tasks once, more only if they were too few
     for limit in (windows * max(4, window // 64), None):
-        tasks = code_tasks(code, limit=limit)
-        ids, mask = pack([render(tokenizer, t) for t in tasks], window, pad)
+        ids, mask = chat_windows(tokenizer, code_tasks(code, limit=limit), window)
         if ids.shape[0] >= windows:
             break
     if ids.shape[0] < windows:

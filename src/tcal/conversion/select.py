@@ -42,7 +42,7 @@ from tcal.conversion.policy import (
 )
 from tcal.conversion.surgery import build_hybrid
 from tcal.data.corpora import as_corpus
-from tcal.data.instruct import code_tasks, pack, render
+from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.evaluate import window_ppl
@@ -130,8 +130,7 @@ def answer_windows(tokenizer, cfg: SelectionConfig) -> tuple[torch.Tensor, torch
     if not tasks:
         raise TcalError(f"{cfg.answer_data} holds no documented Python functions to score layers on; "
                         "give answer_data a Python source corpus")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return pack([render(tokenizer, t) for t in tasks], cfg.answer_window, pad)
+    return chat_windows(tokenizer, tasks, cfg.answer_window)
 
 
 @torch.no_grad()

@@ -163,6 +163,15 @@ def pack(samples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, p
     return ids, mask
 
 
+def chat_windows(tokenizer, tasks: Sequence[CodeTask], seq_len: int, answers: dict | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack` of the tasks rendered in the tokenizer's chat template (``answers``: task key -> answer text;
+    a task without one answers with its own function), padded with the tokenizer's pad (else EOS) token."""
+    answers = answers or {}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pack([render(tokenizer, t, answers.get(t.key)) for t in tasks], seq_len, pad)
+
+
 # -- instruct sets on disk ------------------------------------------------------------------------------------------
 
 INSTRUCT_FORMAT = "tcal-instruct-v1"

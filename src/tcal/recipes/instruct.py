@@ -72,8 +72,8 @@ def run(cfg: InstructConfig) -> dict:
     import torch
 
     from tcal.data.instruct import (
+        chat_windows,
         code_tasks,
-        pack,
         prompt_text,
         reference_answer,
         render,
@@ -120,11 +120,9 @@ def run(cfg: InstructConfig) -> dict:
         answers, gen_s = teacher_answers(teacher, tokenizer, tasks, cfg, work / "answers.jsonl")
     kept = [t for t in tasks if cfg.answers == "reference" or answers.get(t.key)]
     train_tasks, dev_tasks = split_tasks(kept, cfg.dev_tasks)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    samples = [render(tokenizer, t, answers.get(t.key)) for t in train_tasks]
-    ids, mask = pack(samples, cfg.seq_len, pad)
-    dev = pack([render(tokenizer, t, answers.get(t.key)) for t in dev_tasks], cfg.seq_len, pad) if dev_tasks else None
-    fitted = sum(1 for p, a in samples if len(p) + len(a) <= cfg.seq_len)
+    ids, mask = chat_windows(tokenizer, train_tasks, cfg.seq_len, answers)
+    dev = chat_windows(tokenizer, dev_tasks, cfg.seq_len, answers) if dev_tasks else None
+    fitted = sum(1 for t in train_tasks if sum(map(len, render(tokenizer, t, answers.get(t.key)))) <= cfg.seq_len)
     manifest = {"teacher": cfg.teacher, "answers": cfg.answers, "sources": per_source, "tasks": len(tasks),
                 "samples": fitted, "dev_tasks": len(dev_tasks), "dropped_unfinished": len(tasks) - len(kept),
                 "dropped_too_long": len(train_tasks) - fitted, "max_new_tokens": cfg.max_new_tokens,

@@ -332,7 +332,7 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
         summary["humaneval"] = jsonable(scores)
         md += "\n## HumanEval pass@1: tokens to reach each share of the teacher's\n\n" + score_table_markdown(scores)
         plot_scores(curves, "humaneval", teacher_probes["humaneval"], work / "recovery-humaneval.png",
-                    title=f"{cfg.teacher}, HumanEval pass@1 by distillation tokens")
+                    title=f"{cfg.teacher}: the answers it writes", label="HumanEval pass@1")
     best = {init: reports[init].get("best") for init in inits if reports[init].get("best")}
     if best:
         summary["best"] = best

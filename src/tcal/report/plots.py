@@ -80,7 +80,7 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     return _finish(fig, path, title)
 
 
-def plot_scores(curves: dict, name: str, teacher_score: float, path, *, title: str = "") -> str:
+def plot_scores(curves: dict, name: str, teacher_score: float, path, *, title: str = "", label: str | None = None) -> str:
     """One score (``humaneval`` pass@1) against distillation tokens, a line per init, the teacher's dashed with
     80 % and 90 % of it dotted."""
     fig = _figure((7, 4.2))
@@ -96,7 +96,7 @@ def plot_scores(curves: dict, name: str, teacher_score: float, path, *, title: s
                     xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="gray")
     ax.set_ylim(0, max(1e-3, teacher_score) * 1.15)
     ax.set_xlabel("distillation tokens (millions)")
-    ax.set_ylabel(name)
+    ax.set_ylabel(label or name)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _finish(fig, path, title)
