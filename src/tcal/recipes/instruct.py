@@ -29,7 +29,8 @@ class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
     teacher: str = arg("qwen2.5-coder-0.5b", "the instruct teacher whose chat template frames the tasks and whose "
                                              "answers they get: built-in name, local HF directory, .gguf or hub id")
     sources: str = arg("code:calib,python-src", "Python source the tasks come from, comma-separated: built-in "
-                                                 "calibration splits (code:calib), pool sources (python-src), dir:PATH")
+                                                 "calibration splits (code:calib), pool sources (python-src), dir:PATH "
+                                                 "(its .py files)")
     answers: str = arg("teacher", "teacher: the teacher's own greedy answers (self-distillation); reference: each "
                                   "function as its package wrote it", choices=ANSWERS)
     max_tasks: int = arg(4096, "tasks at most, taken in source order")
@@ -60,10 +61,21 @@ def check(cfg: InstructConfig) -> None:
 
 
 def source_documents(spec: str) -> list[str]:
-    """The documents of one source (a pool source: a built-in calibration split, python-src, dir:PATH); evaluation
-    splits are refused."""
-    from tcal.data.pool_sources import resolve_source
+    """The documents of one source: a pool source (a built-in calibration split, python-src) or ``dir:PATH``, whose
+    ``.py`` files are read in path order (any text a pool reads where it holds none); evaluation splits are
+    refused."""
+    from pathlib import Path
 
+    from tcal.data.pool_sources import resolve_source
+    from tcal.utils.errors import TcalError
+
+    if spec.startswith("dir:"):
+        root = Path(spec[len("dir:"):]).expanduser()
+        if not root.is_dir():
+            raise TcalError(f"instruct source {spec}: {root} is not a directory")
+        files = sorted(root.rglob("*.py"))
+        if files:
+            return [f.read_text(encoding="utf-8", errors="replace") for f in files]
     _, documents, _ = resolve_source(spec, None)
     return list(documents())
 
@@ -119,6 +131,9 @@ def run(cfg: InstructConfig) -> dict:
         work.mkdir(parents=True, exist_ok=True)
         answers, gen_s = teacher_answers(teacher, tokenizer, tasks, cfg, work / "answers.jsonl")
     kept = [t for t in tasks if cfg.answers == "reference" or answers.get(t.key)]
+    if not kept:
+        raise TcalError(f"the teacher finished none of the {len(tasks)} tasks' code blocks within --max-new-tokens "
+                        f"{cfg.max_new_tokens}; raise it, or use --answers reference")
     train_tasks, dev_tasks = split_tasks(kept, cfg.dev_tasks)
     ids, mask = chat_windows(tokenizer, train_tasks, cfg.seq_len, answers)
     dev = chat_windows(tokenizer, dev_tasks, cfg.seq_len, answers) if dev_tasks else None

@@ -1,0 +1,125 @@
+"""tcal instruct end to end on a tiny teacher with a chat template, and distillation on the instruct set it writes:
+the KL on the answers, raw text mixed in, the development answer KL at every curve point and the best checkpoint."""
+import json
+
+import numpy as np
+import pytest
+from helpers import one_error, run, tiny_teacher, word_tokenizer
+
+from tcal.data.instruct import is_instruct_set, load_instruct_dev, load_instruct_set
+
+CODE = "".join(f'def f{i}(a, b):\n    """Sum {i} of a and b."""\n    c = a + b\n    return c * {i}\n\n\n'
+               for i in range(10))
+WORDS = ("def ( a , b ) : Sum of and . c = + return * ``` Complete Write Implement Here the following "
+         + " ".join(f"f{i} {i}" for i in range(10))).split()
+
+
+@pytest.fixture(scope="module")
+def chat_teacher(tmp_path_factory):
+    root = tmp_path_factory.mktemp("instruct")
+    tok = word_tokenizer(WORDS, extra=["<|im_start|>", "<|im_end|>", "user", "assistant"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    teacher = tiny_teacher("llama", vocab_size=len(tok), max_position_embeddings=512)
+    teacher.save_pretrained(root / "teacher")
+    tok.save_pretrained(root / "teacher")
+    (root / "src").mkdir()
+    (root / "src" / "mod.py").write_text(CODE)
+    return root
+
+
+def test_reference_answers_make_an_instruct_set_with_a_development_split(chat_teacher, tmp_path, capsys, tmp_cache):
+    out = tmp_path / "set"
+    code, errors, _ = run(capsys, "instruct", "--teacher", str(chat_teacher / "teacher"), "--sources",
+                          f"dir:{chat_teacher / 'src'}", "--answers", "reference", "--dev-tasks", "2", "--seq-len",
+                          "128", "--out", str(out), "--no-progress")
+    assert code == 0, errors
+    assert is_instruct_set(out)
+    ids, mask, manifest = load_instruct_set(out)
+    assert manifest["tasks"] == 10 and manifest["dev_tasks"] == 2 and manifest["samples"] == 8
+    assert ids.shape[1] == 128 and 0 < mask.sum() < mask.size
+    dev_ids, dev_mask = load_instruct_dev(out)
+    assert dev_ids.shape[1] == 128 and int(dev_mask.sum()) > 0
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["split"] for r in rows].count("dev") == 2 and all(r["answer"].startswith("```python") for r in rows)
+
+
+def test_teacher_answers_are_cut_at_the_end_of_their_code_block_and_resume(chat_teacher, tmp_path, capsys,
+                                                                            tmp_cache, monkeypatch):
+    """The teacher's own answers: kept up to the end of the first code block, dropped where none closes; an
+    interrupted run's answers are read back with --resume, not generated again."""
+    import tcal.evaluate.generate as G
+
+    calls = []
+
+    def fake(model, tokenizer, prompts, max_new_tokens, **kw):
+        calls.append(len(prompts))
+        return [("```python\nc = a + b\n```\ntrailing words" if i % 2 == 0 else "```python\nnever closes")
+                for i in range(len(prompts))]
+
+    monkeypatch.setattr(G, "generate_greedy", fake)
+    out = tmp_path / "set"
+    args = ("instruct", "--teacher", str(chat_teacher / "teacher"), "--sources", f"dir:{chat_teacher / 'src'}",
+            "--dev-tasks", "1", "--seq-len", "128", "--batch-size", "4", "--out", str(out), "--no-progress")
+    code, errors, _ = run(capsys, *args)
+    assert code == 0, errors
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dropped_unfinished"] == 5 and manifest["samples"] + manifest["dev_tasks"] == 5
+    answers = [json.loads(line)["answer"] for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert set(answers) == {"```python\nc = a + b\n```"}
+    assert sum(calls) == 10
+    # an interrupted run: its answers so far are on disk; --resume answers only the rest
+    partial = tmp_path / "again.partial"
+    partial.mkdir()
+    log = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()][:3]
+    (partial / "answers.jsonl").write_text("".join(json.dumps({"key": r["key"], "answer": r["answer"]}) + "\n"
+                                                   for r in log) + '{"key": "cut')
+    calls.clear()
+    code, errors, _ = run(capsys, *args[:-3], "--out", str(tmp_path / "again"), "--resume", "--no-progress")
+    assert code == 0, errors
+    assert sum(calls) == 7
+    monkeypatch.setattr(G, "generate_greedy", lambda m, t, prompts, n, **kw: ["```python\nopen"] * len(prompts))
+    one_error(capsys, "finished none of the 10 tasks", *args[:-3], "--out", str(tmp_path / "none"), "--no-progress")
+
+
+def test_bad_instruct_flags_are_one_line(chat_teacher, tmp_path, capsys, tmp_cache):
+    base = ("instruct", "--teacher", str(chat_teacher / "teacher"), "--out", str(tmp_path / "o"))
+    one_error(capsys, "--dev-tasks must be in", *base, "--dev-tasks", "5000")
+    one_error(capsys, "--sources is empty", *base, "--sources", " , ")
+    one_error(capsys, "contains evaluation text", *base, "--sources", "code:eval")
+    (tmp_path / "o.partial").mkdir()
+    one_error(capsys, "holds an interrupted", *base)
+
+
+def test_distillation_on_an_instruct_set_trains_on_the_answers_and_keeps_the_best_checkpoint(
+        chat_teacher, tmp_path, capsys, tmp_cache):
+    import tcal
+
+    out = tmp_path / "set"
+    code, errors, _ = run(capsys, "instruct", "--teacher", str(chat_teacher / "teacher"), "--sources",
+                          f"dir:{chat_teacher / 'src'}", "--answers", "reference", "--dev-tasks", "2", "--seq-len", "128",
+                          "--out", str(out), "--no-progress")
+    assert code == 0, errors
+    teacher, tok = tcal.load_teacher(str(chat_teacher / "teacher"))
+    hybrid_dir = tmp_path / "hybrid"
+    tcal.convert(teacher, keep=[0, 2], init="copy", target="native").save_pretrained(hybrid_dir)
+    tok.save_pretrained(hybrid_dir)
+    raw = tmp_path / "raw.npy"
+    np.save(raw, np.random.default_rng(0).integers(0, len(tok), 4000).astype(np.uint16))
+    ev = tmp_path / "eval.npy"
+    np.save(ev, np.random.default_rng(1).integers(0, len(tok), 512).astype(np.uint16))
+    args = ("distill", str(hybrid_dir), "--teacher", str(chat_teacher / "teacher"), "--data", str(out),
+            "--eval", str(ev), "--eval-window", "32", "--eval-windows", "2", "--batch-size", "4",
+            "--tokens", "1024", "--eval-every", "512", "--eval-early", "0", "--lr", "3e-3", "--no-progress")
+    one_error(capsys, "instruct set of 128-token windows: use --seq-len 128", *args, "--out", str(tmp_path / "x"))
+    code, errors, _ = run(capsys, *args, "--seq-len", "128", "--mix-data", str(raw), "--mix-frac", "0.25",
+                          "--out", str(tmp_path / "d"))
+    assert code == 0, errors
+    report = json.loads((tmp_path / "d" / "report.json").read_text())
+    curve = report["curve"]
+    assert [r["tokens"] for r in curve] == [0, 512, 1024] and all("answer_kl" in r for r in curve)
+    best = min(curve, key=lambda r: r["answer_kl"])
+    assert report["best"]["tokens"] == best["tokens"] and report["best"]["answer_kl"] == best["answer_kl"]
+    assert (tmp_path / "d" / "best" / "config.json").is_file()
+    assert report["data"]["kind"] == "instruct" and report["data"]["mix"]["frac"] == 0.25
+    assert report["teacher_probes"]["answer_kl"] == pytest.approx(0.0, abs=1e-6)
