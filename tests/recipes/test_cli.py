@@ -26,7 +26,8 @@ def test_help_lists_commands(capsys):
 
 
 def test_command_table_maps_to_recipes():
-    assert set(COMMANDS) == {"convert", "eval", "stats", "ablate", "distill", "recover", "pool", "bench", "export"}
+    assert set(COMMANDS) == {"convert", "eval", "stats", "ablate", "distill", "recover", "pool", "instruct", "bench",
+                             "export"}
     for name, (module, cls_name, help_text) in COMMANDS.items():
         cls, run = recipe(name)
         assert module == f"tcal.recipes.{name}" and cls.__name__ == cls_name and callable(run) and help_text
