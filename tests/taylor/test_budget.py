@@ -11,7 +11,7 @@ from tcal.utils.errors import TcalError
 def test_calib_flags():
     names = [f.name for f in dataclasses.fields(CalibArgs)]
     assert names == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps",
-                     "kl_recall_frac", "kl_recall_span"]
+                     "kl_recall_frac", "kl_recall_span", "kl_data", "kl_windows"]
     assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
             CalibArgs().align_steps) == ("auto", "auto", None, None, None)
 
@@ -61,3 +61,26 @@ def test_a_resolved_budget_holds_its_own_configs():
     b = CalibArgs().budget("cpu")
     b.align.steps, b.kl.steps = 1, 1
     assert (CALIB_BUDGETS["reference"].align.steps, CALIB_BUDGETS["reference"].kl.steps) == (300, 40)
+
+
+def test_kl_data_follows_the_teacher_and_its_windows_the_budget():
+    """--kl-data auto: chat windows of code tasks for the code teachers, the calibration windows otherwise; the
+    chat windows' count and length come from the budget unless --kl-windows says; a budget with the recall mix (long)
+    fits the calibration windows."""
+    from tcal.utils.errors import TcalError
+
+    coder, prose = CalibArgs(), CalibArgs()
+    coder.resolve_calib("qwen2.5-coder-0.5b")
+    prose.resolve_calib("smollm2-135m")
+    assert (coder.kl_data, prose.kl_data) == ("chat:code:calib", "calib")
+    assert coder.kl_options(coder.budget("cpu")) == {"kl_data": "chat:code:calib", "kl_windows": (20, 512)}
+    assert coder.kl_options(coder.budget("cuda")) == {"kl_data": "chat:code:calib", "kl_windows": (160, 1024)}
+    assert prose.kl_options(prose.budget("cpu")) == {}
+    coder.kl_windows = 8
+    assert coder.kl_options(coder.budget("cpu"))["kl_windows"] == (8, 512)
+    coder.calib_budget = "long"
+    assert coder.kl_options(coder.budget("cuda")) == {}
+    for bad, msg in (({"kl_data": "chats"}, "--kl-data must be"), ({"kl_windows": 1}, "--kl-windows must be"),
+                     ({"kl_data": "chat:code:calib", "kl_recall_frac": 0.5}, "one or the other")):
+        with pytest.raises(TcalError, match=msg):
+            CalibArgs(**bad).check_calib()
