@@ -225,7 +225,7 @@ def test_completions_score_without_a_model_and_bad_ones_are_one_line(tmp_path, c
               "--out", tmp_path / "o2")
     one_error(capsys, "no model is read, so drop MODEL", "eval", tmp_path / "m", *base[1:], "--completions", samples,
               "--allow-code-execution", "--out", tmp_path / "o2")
-    one_error(capsys, "--engine is read by --task humaneval only", *base, "--completions", samples,
+    one_error(capsys, "--engine is read by humaneval only", *base, "--completions", samples,
               "--allow-code-execution", "--engine", "llama.cpp", "--out", tmp_path / "o2")
     (tmp_path / "bad.jsonl").write_text('{"task_id": "t/ok"}\n')
     one_error(capsys, "line 1 is not an object with a text task_id and completion", *base, "--completions",
@@ -271,8 +271,8 @@ def test_a_damaged_partial_state_is_one_line_before_the_model_loads(tmp_path, ca
     (("--memory-mb", "100000000000"), "memory limit of a program must be from 64 MB"),
     (("--device", "gpu"), "unknown --device 'gpu'; use cpu, cuda, cuda:N or auto"),
     (("--device", "tpu"), "unknown --device 'tpu'"),
-    (("--data", "shakespeare:eval"), "--data is read by --task ppl (perplexity) only, and this run is --task humaneval"),
-    (("--lengths", "512"), "--lengths is read by the retrieval tasks only"),
+    (("--data", "shakespeare:eval"), "--data is read by ppl only, and this run is humaneval"),
+    (("--lengths", "512"), "--lengths is read by niah only"),
 ])
 def test_bad_humaneval_input_is_one_line_before_the_model_loads(tmp_path, capsys, extra, message):
     one_error(capsys, message, "eval", tmp_path / "no-model", "--task", "humaneval", "--allow-code-execution",
@@ -281,10 +281,9 @@ def test_bad_humaneval_input_is_one_line_before_the_model_loads(tmp_path, capsys
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--problems", "p.jsonl"), "--problems is read by --task humaneval or --task humaneval --completions only, "
-                                "and this run is --task ppl"),
-    (("--allow-code-execution",), "--allow-code-execution is read by --task humaneval"),
-    (("--timeout", "3"), "--timeout is read by --task humaneval"),
+    (("--problems", "p.jsonl"), "--problems is read by humaneval only, and this run is ppl"),
+    (("--allow-code-execution",), "--allow-code-execution is read by humaneval"),
+    (("--timeout", "3"), "--timeout is read by humaneval"),
     (("--device", "gpu"), "unknown --device 'gpu'"),
 ])
 def test_flags_another_task_reads_are_refused_not_ignored(tmp_path, capsys, extra, message):
