@@ -83,6 +83,22 @@ def test_tests_that_hang_allocate_fork_or_do_not_parse_fail_and_the_evaluation_g
     assert not (tmp_path / "out.partial").exists()
 
 
+def test_several_tasks_share_one_model_and_one_output(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, errors, err = run(capsys, "eval", model_dir, "--tasks", "single-noise:2@256,humaneval", "--problems",
+                            _problems(tmp_path / "p.jsonl", [GOOD]), "--allow-code-execution", "--max-new-tokens", "3",
+                            "--no-progress", "--device", "cpu", "--out", out)
+    assert code == 0, err
+    niah, he = json.loads((out / "niah.json").read_text()), json.loads((out / "humaneval.json").read_text())
+    assert [(c["task"], c["length"], c["max_new_tokens"]) for c in niah["cells"]] == [("single-noise", 256, 3)]
+    assert he["problems"] == 1 and he["results"][0]["reason"] == "passed"
+    assert {"niah.md", "niah.png", "humaneval.md", "tcal_config.json"} <= {p.name for p in out.iterdir()}
+    assert not (tmp_path / "out.partial").exists()
+    one_error(capsys, "humaneval --completions runs on its own (it reads no model)", "eval", "--tasks",
+              "single,humaneval", "--completions", tmp_path / "p.jsonl", "--allow-code-execution", "--out",
+              tmp_path / "o2")
+
+
 def test_the_llama_cpp_engine_needs_a_gguf(model_dir, tmp_path, capsys):
     one_error(capsys, "runs a GGUF", "eval", model_dir, "--task", "humaneval", "--allow-code-execution",
               "--engine", "llama.cpp", "--out", tmp_path / "out")

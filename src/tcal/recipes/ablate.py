@@ -69,6 +69,7 @@ def _check(cfg: AblateConfig):
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
+    tasks = ablate_tasks(cfg)
     resolve_teacher_args(cfg, every_eval=True)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
@@ -78,7 +79,8 @@ def _check(cfg: AblateConfig):
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     for spec in mixture_parts(cfg.calib) + cfg.eval_list():
         as_corpus(spec)
-    tasks = ablate_tasks(cfg)
+    for t in tasks:
+        t.check()  # HumanEval's problems fetched and checked before the teacher loads
     check_no_eval_text(cfg.calib, cfg.eval_list() + [t for task in tasks for t in task.texts()],
                        role="calibration data")
     return out, inits, tasks
@@ -86,7 +88,7 @@ def _check(cfg: AblateConfig):
 
 def ablate_tasks(cfg: AblateConfig) -> list:
     """The tasks that score the teacher and every init (``--tasks``, and ``--humaneval``/``--humaneval-limit`` mapped
-    onto it), behind the one code-execution gate, checked before the teacher loads."""
+    onto it), behind the one code-execution gate; their inputs are read by :meth:`Task.check`."""
     from tcal.evaluate import tasks as T
     from tcal.evaluate.task import TaskSpec, deprecated, parse_tasks
     from tcal.utils.errors import TcalError
@@ -107,8 +109,6 @@ def ablate_tasks(cfg: AblateConfig) -> list:
     deprecated(used, specs)
     built = T.build(specs, cfg.task_options(progress=cfg.progress), where="tcal ablate", curve=True)
     T.check_code_execution(built, cfg.allow_code_execution)
-    for t in built:
-        t.check()  # HumanEval's problems fetched and checked before the teacher loads
     return built
 
 
