@@ -81,6 +81,6 @@ def listing() -> str:
         spelling = t.usage or t.name + (":N" if t.counts else "") + ("@L" if t.takes_lengths else "")
         what = t.summary + (f" (:N = {t.counts})" if t.counts else "")
         lines.append(f"{spelling:<16} {what}" if len(spelling) < 16 else f"{spelling}\n{'':<16} {what}")
-        if t.aliases:
+        if t.aliases and not t.usage:
             lines.append(f"{'':<16}   also: {', '.join(t.aliases)}")
     return "\n".join(lines)

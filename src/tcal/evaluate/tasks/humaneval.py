@@ -20,7 +20,7 @@ class HumanEval(Task):
     summary = ("pass@1 of the code the model writes, run under each problem's tests (--allow-code-execution; "
                "--problems, --prompt-style, --timeout, --memory-mb; tcal eval: --engine, --completions)")
     title = "HumanEval"
-    counts = "problems, the first N"
+    counts = "the first N problems, default all"
     runs_code = True
     options = ("allow_code_execution", "problems", "completions", "timeout", "memory_mb", "prompt_style", "batch_size",
                "max_new_tokens", "engine", "threads")

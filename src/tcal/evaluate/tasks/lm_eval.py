@@ -21,7 +21,7 @@ class LmEval(Task):
                f"harness task as {PREFIX}NAME (pip install 'tcal[eval]'; `lm-eval ls tasks` lists them; hub datasets "
                "need network)")
     usage = f"{', '.join(n + ':N' for n in LOCAL)}, {PREFIX}NAME:N"
-    counts = "samples per task, the first N"
+    counts = "the first N samples per task, default all"
     options = ("seed", "batch_size", "lm_eval_data")
     curve = False
 

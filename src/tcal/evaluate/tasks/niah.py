@@ -22,10 +22,10 @@ SAMPLES = 8
 class Niah(Task):
     name = "niah"
     aliases = (*RETRIEVAL, *ALIASES)
-    summary = ("RULER-style retrieval at context lengths: niah is all nine tasks, or name them; passkey = single "
-               "(--haystack, --seed, --max-new-tokens)")
+    summary = ("RULER-style retrieval at context lengths (default @512,1024,2048,4096): niah is all nine tasks, or "
+               "name them; passkey = single (--haystack, --seed, --max-new-tokens)")
     title = "the retrieval tasks"
-    counts = "prompts per length"
+    counts = "prompts per length, default 8"
     takes_lengths = True
     options = ("seed", "haystack", "batch_size", "max_new_tokens")
 

@@ -17,7 +17,7 @@ class Perplexity(Task):
     name = "ppl"
     summary = "held-out perplexity of --data (@L tokens per window, default 512; tcal eval's default task)"
     title = "perplexity"
-    counts = "windows, the first N, non-overlapping (default 64)"
+    counts = "the first N non-overlapping windows, default 64"
     takes_lengths = True
     options = ("data",)
     curve = False
