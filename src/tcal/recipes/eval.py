@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.evaluate.task import TaskArgs
+from tcal.evaluate.task import Progress, TaskArgs
 from tcal.export.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
 from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
 
@@ -237,13 +237,8 @@ def _finish(cfg: EvalConfig, out, built, results) -> None:
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
 
 
-class _Print:
+class _Print(Progress):
     """A task's progress where nothing is kept (a run that writes no directory)."""
-
-    load_s = 0.0
-
-    def resume(self, settings: dict) -> dict:
-        return {"settings": settings}
 
     def save(self, message: str) -> None:
         print(message, flush=True)

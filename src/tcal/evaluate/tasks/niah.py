@@ -93,9 +93,8 @@ class Niah(Task):
     def describe(self) -> str:
         parts = []
         for task, samples, _ in self.entries:
-            where = f"in {self.opts.haystack}" if task != "single-noise" else "in noise sentences"
-            parts.append("passkey retrieval (one needle " + where + f", {samples} prompts per length, greedy; the same "
-                         "prompts at every point)" if task == "single" else
+            parts.append(f"passkey retrieval (one needle in {self.opts.haystack}, {samples} prompts per length, "
+                         "greedy; the same prompts at every point)" if task == "single" else
                          f"{task} retrieval (RULER-style, {samples} prompts per length, greedy; the same prompts at "
                          "every point)")
         return "; ".join(dict.fromkeys(parts))
