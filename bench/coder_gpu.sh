@@ -52,8 +52,8 @@ except (OSError, ValueError, KeyError):
       python3 -m tcal.cli recover --teacher $T --keep "$keep" --inits "${RECOVER_INITS:-copy,taylor-reference,taylor}" \
         --data "$R/instruct" --seq-len 1024 --batch-size 16 --micro-batch 8 --mix-data $S/qpool --mix-frac 0.25 \
         --tokens "${RECOVER_TOKENS:-1000000}" --eval-every "${RECOVER_EVAL_EVERY:-500000}" --eval-early 0 \
-        --eval code:eval --eval-windows 8 --eval-humaneval 164 --allow-code-execution \
-        --eval-passkey 1024,4096 --eval-passkey-samples 10 --align-steps 200 --kl-steps 100 \
+        --eval code:eval --eval-windows 8 --tasks humaneval:164,passkey:10@1024,4096 --allow-code-execution \
+        --align-steps 200 --kl-steps 100 \
         --out "$R/recover" --no-progress ${RECOVER_ARGS:-} 2>&1 | grep -v "it/s"
       pack recover ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

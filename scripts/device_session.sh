@@ -72,12 +72,12 @@ need_pool() {
 
 # passkey MODEL OUTDIR LENGTHS SAMPLES: tcal eval's single-needle retrieval (seed 0) of a hybrid or teacher
 passkey() {
-  python3 -m tcal.cli eval "$1" --task single --lengths "$3" --samples "$4" --seed 0 --device cuda --no-progress \
+  python3 -m tcal.cli eval "$1" --tasks "single:$4@$3" --seed 0 --device cuda --no-progress \
     --out "$2" 2>&1 | grep -v "it/s" | tail -3
 }
 # humaneval MODEL OUTDIR: HumanEval pass@1 of a hybrid or teacher, every problem in one batch
 humaneval() {
-  python3 -m tcal.cli eval "$1" --task humaneval --allow-code-execution --batch-size 164 --device cuda --no-progress \
+  python3 -m tcal.cli eval "$1" --tasks humaneval --allow-code-execution --batch-size 164 --device cuda --no-progress \
     --out "$2" 2>&1 | grep -v "it/s" | grep -E "pass@1|error" | head -3
 }
 # cuda_tests LOG [-k EXPR] TEST...: pytest on TEST..., its whole output in LOG and the lines that matter on screen;
@@ -257,7 +257,7 @@ for step in "$@"; do
       python3 -m tcal.cli distill "$H" --teacher "$TEACHER" --data "$POOL" --tokens "${DISTILL_TOKENS:-4000000}" \
         --seq-len "${DISTILL_SEQ:-4096}" --batch-size "${DISTILL_BATCH:-8}" --kl-chunk 4096 --eval wiki:eval \
         --eval-window 512 --eval-windows 16 --eval-every "${DISTILL_EVAL_EVERY:-1000000}" --max-minutes "$MIN" --out "$D" \
-        --eval-passkey "${DISTILL_PASSKEY:-1024,2048,4096}" --eval-passkey-samples 20 \
+        --tasks "passkey:20@${DISTILL_PASSKEY:-1024,2048,4096}" \
         --no-progress $RESUME ${DISTILL_ARGS:-} 2>&1 | grep -v "it/s" | tail -15
       for f in curve.csv report.json report.md; do [ -f "$D/$f" ] && cp "$D/$f" "$OUT/distill_long_$f"; done ;;
     layout)
@@ -285,7 +285,7 @@ for step in "$@"; do
       mkdir -p "$T"
       CODE=$(python3 -c "from tcal.data.teacher_table import TEACHERS; print(int(TEACHERS['$TEACHER'].code))")
       EV=${EVAL:-$(python3 -c "from tcal.data.teacher_table import default_eval; print(','.join(default_eval('$TEACHER')))")}
-      HE=; [ "$CODE" = 1 ] && HE="--humaneval --allow-code-execution"
+      HE=; [ "$CODE" = 1 ] && HE="--tasks humaneval --allow-code-execution"
       [ "$CODE" = 1 ] && [ ! -f "$T/teacher-he/humaneval.json" ] && humaneval "$TEACHER" "$T/teacher-he"
       [ -f "$T/teacher-niah/niah.json" ] || passkey "$TEACHER" "$T/teacher-niah" 512,1024,2048,4096,8192 "${SAMPLES:-30}"
       for k in ${ABLATE_KEEPS:-auto}; do

@@ -190,10 +190,10 @@ def test_the_harness_runs_a_tiny_model_and_reports_every_sample(corpus_dir, tok,
     assert list((tmp_cache / "lm_eval").glob("tcal_*.jsonl"))  # the task data lives in the tcal cache
 
 
-def test_local_task_names_match_the_cli_list():
-    from tcal.recipes.eval import LOCAL_HARNESS_TASKS
+def test_local_task_names_match_the_registrys():
+    from tcal.evaluate.tasks.lm_eval import LOCAL
 
-    assert tuple(LOCAL_TASKS) == LOCAL_HARNESS_TASKS
+    assert tuple(LOCAL_TASKS) == LOCAL
 
 
 @pytest.mark.integration

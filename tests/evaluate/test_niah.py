@@ -8,7 +8,8 @@ from helpers import tiny_teacher, word_tokenizer
 import tcal
 from tcal.cli import main
 from tcal.evaluate.niah import NEEDLE, TASKS, accuracy_interval, make_samples, niah, niah_details, score
-from tcal.recipes.eval import PARTIAL_MARK, RETRIEVAL_TASKS
+from tcal.evaluate.tasks.niah import RETRIEVAL
+from tcal.recipes.eval import PARTIAL_MARK
 from tcal.utils.errors import TcalError
 
 TEXT = ("The committee met in the spring. It discussed the harbor and the roads. Members spoke at length. "
@@ -28,8 +29,8 @@ def test_scoring_follows_ruler_string_match_all():
         score("x", [])
 
 
-def test_the_task_table_and_the_cli_list_agree():
-    assert tuple(TASKS) == RETRIEVAL_TASKS
+def test_the_task_table_and_the_registrys_names_agree():
+    assert tuple(TASKS) == RETRIEVAL
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -156,7 +157,7 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     assert main([str(a) for a in argv] + ["--max-new-tokens", "0", "--out", str(tmp_path / "y")]) == 2
     assert "--max-new-tokens must be at least 1" in capsys.readouterr().err
     assert main([str(a) for a in argv[:2]] + ["--task", "needle", "--out", str(tmp_path / "x")]) == 2
-    assert "unknown --task 'needle'" in capsys.readouterr().err
+    assert "unknown task 'needle' in --tasks" in capsys.readouterr().err
 
 
 @pytest.mark.integration

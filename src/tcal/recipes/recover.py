@@ -24,11 +24,9 @@ from pathlib import Path
 
 from tcal.recipes.distill import (
     DistillConfig,
-    answer_probes,
     check_training_data,
-    code_probes,
+    curve_probes,
     finish_run,
-    passkey_probes,
     start_partial,
     training_streams,
 )
@@ -71,7 +69,7 @@ def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConf
                          data=str(cfg.data), tokens=cfg.tokens, out=str(run_dir))
 
 
-def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
+def _start(cfg: RecoverConfig, world, tasks) -> tuple[list[str], list[int], Path]:
     """Check every argument, then open (or reopen, with --resume) the partial directory (rank 0)."""
     from tcal.conversion.inits import get_init, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
@@ -100,7 +98,7 @@ def _start(cfg: RecoverConfig, world) -> tuple[list[str], list[int], Path]:
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
     if any(get_init(i).calibrated for i in inits):
         cfg.check_calib()
-    check_training_data(cfg)  # a pool, a .npy file or an instruct set holds token ids, not text
+    check_training_data(cfg, [text for t in tasks for text in t.texts()])  # a pool or an instruct set: token ids
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     if any(get_init(i).calibrated for i in inits):
         check_no_eval_text(cfg.calib, [cfg.eval], role="calibration data")
@@ -209,15 +207,16 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
     """Convert with each init, distil each the same way, tabulate tokens-to-target. Under torchrun
     every rank runs this; rank 0 alone writes and prints."""
     from tcal.train import distributed as D
-    from tcal.train.config import check_train_options
+    from tcal.train.config import check_train_options, curve_tasks
     from tcal.utils.runtime import resolve_device
 
     check_train_options(cfg, cfg.tokens)
+    tasks = curve_tasks(cfg, "tcal recover")
     world = D.init_from_env(resolve_device(cfg.device), cfg.dist_timeout)
     try:
-        inits, keep, work = _start(cfg, world)
+        inits, keep, work = _start(cfg, world, tasks)
         try:
-            return _run(cfg, inits, keep, work, callback, world)
+            return _run(cfg, inits, keep, work, callback, world, tasks)
         except BaseException:
             if world.is_main() and work.exists() and not has_progress(work):  # nothing a rerun could resume
                 shutil.rmtree(work, ignore_errors=True)
@@ -226,7 +225,7 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
         D.destroy(world)
 
 
-def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
+def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for
@@ -244,8 +243,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
     load_s = time.time() - t0
     train_tokens, train_mask, mix_tokens, data_info = training_streams(cfg, tokenizer)
     eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
-    probes = {**passkey_probes(cfg, tokenizer, teacher), **code_probes(cfg, tokenizer),  # the same for every init
-              **answer_probes(cfg, teacher)}
+    probes = curve_probes(tasks, tokenizer, teacher)  # the same prompts for every init
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
@@ -286,7 +284,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
             return {"status": "paused", "init": init, "work": str(work)}
 
         def publish_run(student=student):
-            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}")
+            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}", tasks=tasks)
             converted = work / f"{init}.converted"
             if cfg.keep_init and converted.is_dir():
                 if tokenizer is not None:
@@ -304,10 +302,10 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world) -> dict:
         say(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
             f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
     return D.on_main(world, lambda: _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info,
-                                            load_s))
+                                            load_s, tasks))
 
 
-def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s) -> dict:
+def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s, tasks=()) -> dict:
     from tcal.report.plots import plot_recovery, plot_scores
     from tcal.report.targets import score_table, score_table_markdown, table_markdown, target_table
     from tcal.utils.atomic import publish, write_json, written_files
@@ -327,12 +325,13 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
     }
     md = table_markdown(table)
     teacher_probes = next((r.get("teacher_probes") for r in reports.values() if r.get("teacher_probes")), None) or {}
-    if "humaneval" in teacher_probes:  # recovery judged by the answers the runs write, beside PPL
-        scores = score_table(curves, "humaneval", teacher_probes["humaneval"])
-        summary["humaneval"] = jsonable(scores)
-        md += "\n## HumanEval pass@1: tokens to reach each share of the teacher's\n\n" + score_table_markdown(scores)
-        plot_scores(curves, "humaneval", teacher_probes["humaneval"], work / "recovery-humaneval.png",
-                    title=f"{cfg.teacher}: the answers it writes", label="HumanEval pass@1")
+    for column, label in ((c, lab) for t in tasks for c, lab in t.targets().items() if c in teacher_probes):
+        # recovery judged by what the runs write (HumanEval's answers), beside PPL
+        scores = score_table(curves, column, teacher_probes[column])
+        summary[column] = jsonable(scores)
+        md += f"\n## {label}: tokens to reach each share of the teacher's\n\n" + score_table_markdown(scores)
+        plot_scores(curves, column, teacher_probes[column], work / f"recovery-{column}.png",
+                    title=f"{cfg.teacher}: the answers it writes", label=label)
     best = {init: reports[init].get("best") for init in inits if reports[init].get("best")}
     if best:
         summary["best"] = best

@@ -253,38 +253,6 @@ def plot_stats(stats, path: str | os.PathLike) -> str:
 
 
 
-def plot_niah(cells: list[dict], path, *, title: str = "", bins: int = 5) -> str:
-    """Per task, a heat map of retrieval score by needle depth (rows) and context length (columns)."""
-    tasks = list(dict.fromkeys(c["task"] for c in cells))
-    lengths = sorted({c["length"] for c in cells})
-    fig = _figure((3.2 * len(tasks) + 1, 3.4))
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-    for ax, task in zip(axes, tasks):
-        grid = [[math.nan] * len(lengths) for _ in range(bins)]
-        for c in (c for c in cells if c["task"] == task):
-            sums, counts = [0.0] * bins, [0] * bins
-            for s in c["samples"]:
-                b = min(int(s["depth"] * bins), bins - 1)
-                sums[b] += s["score"]
-                counts[b] += 1
-            for b in range(bins):
-                if counts[b]:
-                    grid[b][lengths.index(c["length"])] = sums[b] / counts[b]
-        im = ax.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
-        ax.set_title(task, fontsize=9)
-        ax.set_xticks(range(len(lengths)))
-        ax.set_xticklabels([f"{n // 1024}K" if n >= 1024 else str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(bins))
-        ax.set_yticklabels([f"{(b + 0.5) / bins:.0%}" for b in range(bins)], fontsize=7)
-        ax.set_xlabel("context length")
-        ax.set_ylabel("needle depth")
-    fig.colorbar(im, ax=list(axes), fraction=0.03, pad=0.02, label="score")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=110)
-    return str(path)
-
-
 def context_label(n: int) -> str:
     """2048 -> "2K", 32768 -> "32K", 1000 -> "1000": how benchmark tables and plots name a context length."""
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)

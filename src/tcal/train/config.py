@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from tcal.evaluate.task import TaskArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, arg
 from tcal.utils.errors import TcalError
 from tcal.utils.schedule import SCHEDULES
@@ -21,8 +22,9 @@ TEACHER_PLACEMENTS = ("auto", "replicate", "shard")
 
 
 @dataclass
-class TrainOptions(EvalArgs, DeviceArgs):
-    """Distillation settings shared by ``tcal distill`` and ``tcal recover``."""
+class TrainOptions(TaskArgs, EvalArgs, DeviceArgs):
+    """Distillation settings shared by ``tcal distill`` and ``tcal recover``; ``--tasks`` are scored at every curve
+    point, beside the held-out PPL."""
 
     seq_len: int = arg(512, "tokens per training sequence")
     batch_size: int = arg(16, "sequences per optimizer step (tokens per step = batch-size x seq-len)")
@@ -51,16 +53,13 @@ class TrainOptions(EvalArgs, DeviceArgs):
                                 "the full 64 because the curve evaluates many times)")
     eval_every: int = arg(1_000_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
     eval_early: int = arg(4, "extra early evaluations at eval-every/2, /4, ... (this many)")
-    eval_passkey: str = arg("", "context lengths (comma list, e.g. 1024,4096) at which every curve point also scores "
-                                "passkey retrieval (one needle, greedy decoding): retrieval recovers on a curve of its "
-                                "own, not PPL's; empty = off")
-    eval_passkey_samples: int = arg(10, "passkey prompts per length (needle depths spread over the context)")
-    eval_passkey_haystack: str = arg("sotu:eval", "text the passkey needles hide in; disjoint from --data")
-    eval_humaneval: int = arg(0, "HumanEval problems (the first N of 164; 0 = off) whose pass@1 every curve point "
-                                 "also scores (greedy answers run under the problems' tests: needs "
-                                 "--allow-code-execution)")
-    allow_code_execution: bool = arg(False, "let --eval-humaneval run the model's code on this machine (tcal eval "
-                                            "--help says what is and is not guarded)")
+    # the old spellings of --tasks, each mapped onto it (curve_tasks)
+    eval_passkey: str = arg("", "deprecated, use --tasks passkey@L1,L2: passkey retrieval at these context lengths at "
+                                "every curve point")
+    eval_passkey_samples: int = arg(10, "deprecated, use --tasks passkey:N@L1,L2: passkey prompts per length")
+    eval_passkey_haystack: str = arg("sotu:eval", "deprecated, use --haystack: text the passkey needles hide in")
+    eval_humaneval: int = arg(0, "deprecated, use --tasks humaneval:N: HumanEval pass@1 of the first N problems at "
+                                 "every curve point (0 = off)")
     save_every: int = arg(5_000_000, "checkpoint (for --resume) every N training tokens")
     precision: str = arg("auto", "auto (bf16 autocast on CUDA, fp32 on CPU), fp32 or bf16", choices=PRECISIONS)
     teacher_dtype: str = arg("float32", "teacher weights dtype: float32 or bfloat16")
@@ -92,6 +91,49 @@ def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
 
 
+def curve_specs(cfg: TrainOptions) -> tuple[list, list[str], str]:
+    """(specs, the old flags used, the haystack): ``--tasks`` with ``--eval-passkey``, ``--eval-passkey-samples``,
+    ``--eval-humaneval`` and ``--eval-passkey-haystack`` mapped onto it (the passkey before HumanEval, as their columns
+    always came)."""
+    from tcal.evaluate.task import TaskSpec, parse_tasks
+
+    specs, used = parse_tasks(cfg.tasks), []
+    lengths = passkey_lengths(cfg)
+    if lengths:
+        used += ["--eval-passkey"] + (["--eval-passkey-samples"] if cfg.eval_passkey_samples != 10 else [])
+        specs.append(TaskSpec("passkey", cfg.eval_passkey_samples, tuple(lengths)))
+    if cfg.eval_humaneval:
+        used.append("--eval-humaneval")
+        specs.append(TaskSpec("humaneval", cfg.eval_humaneval))
+    haystack = cfg.haystack
+    if cfg.eval_passkey_haystack != "sotu:eval":
+        used.append("--eval-passkey-haystack")
+        if haystack not in ("sotu:eval", cfg.eval_passkey_haystack):
+            raise TcalError(f"--eval-passkey-haystack ({cfg.eval_passkey_haystack}) is the old name of --haystack "
+                            f"({haystack}): give the haystack once, as --haystack")
+        haystack = cfg.eval_passkey_haystack
+    return specs, used, haystack
+
+
+def curve_tasks(cfg: TrainOptions, where: str) -> list:
+    """The tasks every curve point scores (:mod:`tcal.evaluate.tasks`): ``--tasks`` and its old spellings, and
+    ``answer_kl`` wherever ``--data`` is an instruct set with development tasks (the best checkpoint's rule). Built,
+    behind the one code-execution gate, and checked, before any model loads."""
+    from tcal.evaluate import tasks as T
+    from tcal.evaluate.task import TaskSpec, deprecated
+    from tcal.evaluate.tasks.answer_kl import AnswerKL
+
+    specs, used, haystack = curve_specs(cfg)
+    deprecated(used, specs)
+    if not any(AnswerKL.accepts(s.name) for s in specs) and AnswerKL.available(cfg.data):
+        specs.append(TaskSpec(AnswerKL.name))
+    built = T.build(specs, cfg.task_options(data=str(cfg.data), haystack=haystack), where=where, curve=True)
+    T.check_code_execution(built, cfg.allow_code_execution)
+    for t in built:
+        t.check()
+    return built
+
+
 def passkey_lengths(cfg: TrainOptions) -> list[int]:
     """``--eval-passkey`` as context lengths (empty: off)."""
     spec = cfg.eval_passkey.strip()
@@ -113,9 +155,6 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"--tokens must be positive, got {tokens}")
     if cfg.eval_humaneval < 0:
         raise TcalError(f"--eval-humaneval must be a number of problems (0 = off), got {cfg.eval_humaneval}")
-    if cfg.eval_humaneval and not cfg.allow_code_execution:
-        raise TcalError("--eval-humaneval runs the code the model writes on this machine: add "
-                        "--allow-code-execution to accept that (tcal eval --help says what is guarded)")
     if cfg.seq_len < 2:
         raise TcalError(f"--seq-len must be at least 2, got {cfg.seq_len}")
     if cfg.batch_size < 1:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from tcal import ops
 from tcal.evaluate import window_ppl
+from tcal.evaluate.tasks.answer_kl import AnswerKL
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
@@ -38,9 +39,9 @@ log = logging.getLogger(__name__)
 
 ADAM_BETAS = (0.9, 0.95)
 # The curve probe that picks a run's best checkpoint, where the data has one (an instruct set's development answers:
-# tcal.recipes.distill.answer_probes): lower is better. Pass@1 moves by whole problems between points and the
-# problems are the evaluation's, so the rule never reads it.
-BEST_BY = "answer_kl"
+# the answer_kl task, tcal.evaluate.tasks.answer_kl): lower is better. Pass@1 moves by whole problems between points
+# and the problems are the evaluation's, so the rule never reads it.
+BEST_BY = AnswerKL.name
 # 2: the optimizer state is keyed by parameter name (FQN), full, so any world size reads it;
 # 1: ``optimizer.state_dict()`` (keyed by index), still read by single-process runs
 STATE_VERSION = 2
@@ -138,11 +139,12 @@ class Trainer:
                 self.streams.append((Stream(mix_tokens, WindowOrder(n_mix_windows, cfg.seed + 1), None, self.prefix,
                                             cfg.recall_frac, cfg.recall_span), n_mix))
         self.main = self.world.is_main()
-        # scores beside the PPL at every curve point (e.g. passkey@4096: tcal.evaluate.niah.retrieval_probes)
+        # scores beside the PPL at every curve point, one per column (single@4096, humaneval, answer_kl: the --tasks
+        # of tcal.train.config.curve_tasks)
         self.probes = dict(probes or {})
         if self.probes and self.world.distributed:
-            raise TcalError("curve probes (--eval-passkey) run in one process; under torchrun score the finished "
-                            "model with `tcal eval MODEL --task single --lengths ...`")
+            raise TcalError("curve tasks (--tasks) run in one process; under torchrun score the finished model with "
+                            "`tcal eval MODEL --tasks ...`")
         self.placement = D.teacher_placement(cfg.teacher_placement, D.weight_bytes(teacher),
                                              D.device_memory(self.world.device)) if self.world.distributed else None
         if self.world.distributed:  # every rank must hold the same settings, data and models before sharding
