@@ -11,7 +11,7 @@ from helpers import one_error, run
 
 from tcal.evaluate import tasks as T
 from tcal.evaluate.task import TaskOptions, TaskSpec, join_tasks, parse_tasks
-from tcal.utils.errors import TcalError
+from tcal.utils.errors import TcalError, TcalWarning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,11 +111,17 @@ def test_the_old_curve_flags_map_onto_tasks(over, tasks, haystack):
 
 
 def test_an_old_flag_is_one_warning_line_naming_the_tasks_it_stands_for(tmp_path, capsys):
-    code, errors, err = run(capsys, "eval", tmp_path / "m", "--task", "humaneval", "--limit", "3", "--out",
-                            tmp_path / "o")
+    from tcal.cli import _format_warning
+
+    with pytest.warns(TcalWarning) as record:
+        code, errors, err = run(capsys, "eval", tmp_path / "m", "--task", "humaneval", "--limit", "3", "--out",
+                                tmp_path / "o")
     assert code == 2 and "add --allow-code-execution" in errors[0]
-    assert [line for line in err.splitlines() if line.startswith("tcal: warning:")] == [
-        "tcal: warning: --task --limit are deprecated; this run is --tasks humaneval:3"]
+    mine = [w for w in record if issubclass(w.category, TcalWarning)]
+    assert [str(w.message) for w in mine] == ["--task --limit are deprecated; this run is --tasks humaneval:3"]
+    # what the user's terminal shows: one line, without the source line that raised it
+    assert _format_warning(mine[0].message, TcalWarning, "x.py", 1) == (
+        "tcal: warning: --task --limit are deprecated; this run is --tasks humaneval:3\n")
     one_error(capsys, "--limit is read by humaneval only, and this run is single", "eval", tmp_path / "m", "--tasks",
               "single@512", "--limit", "3", "--out", tmp_path / "o")
     one_error(capsys, "--eval-passkey-haystack (a.txt) is the old name of --haystack (b.txt)", "distill",
