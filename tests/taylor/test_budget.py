@@ -64,15 +64,17 @@ def test_a_resolved_budget_holds_its_own_configs():
 
 
 def test_kl_data_follows_the_teacher_and_its_windows_the_budget():
-    """--kl-data auto: chat windows of code tasks for the code teachers, the calibration windows otherwise; the
-    chat windows' count and length come from the budget unless --kl-windows says; a budget with the recall mix (long)
-    fits the calibration windows."""
+    """--kl-data auto: the calibration windows for every built-in teacher (chat windows kept code PPL lower but not
+    HumanEval answers, docs/results.md); --kl-data chat:CODE's windows' count and length come from the budget unless
+    --kl-windows says; a budget with the recall mix (long) fits the calibration windows."""
     from tcal.utils.errors import TcalError
 
     coder, prose = CalibArgs(), CalibArgs()
     coder.resolve_calib("qwen2.5-coder-0.5b")
     prose.resolve_calib("smollm2-135m")
-    assert (coder.kl_data, prose.kl_data) == ("chat:code:calib", "calib")
+    assert (coder.kl_data, prose.kl_data) == ("calib", "calib")
+    assert coder.kl_options(coder.budget("cpu")) == {}
+    coder.kl_data = "chat:code:calib"
     assert coder.kl_options(coder.budget("cpu")) == {"kl_data": "chat:code:calib", "kl_windows": (20, 512)}
     assert coder.kl_options(coder.budget("cuda")) == {"kl_data": "chat:code:calib", "kl_windows": (160, 1024)}
     assert prose.kl_options(prose.budget("cpu")) == {}

