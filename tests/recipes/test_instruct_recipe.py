@@ -44,6 +44,46 @@ def test_reference_answers_make_an_instruct_set_with_a_development_split(chat_te
     assert [r["split"] for r in rows].count("dev") == 2 and all(r["answer"].startswith("```python") for r in rows)
 
 
+def test_samples_of_a_run_pack_again_into_the_same_windows(chat_teacher, tmp_path, capsys, tmp_cache):
+    """--samples rebuilds an instruct set from a run's samples.jsonl (plain or .xz) without asking the teacher:
+    the same windows, masks and development windows at the same --seq-len, and whole samples at another."""
+    import lzma
+
+    first = tmp_path / "first"
+    common = ["--teacher", str(chat_teacher / "teacher"), "--dev-tasks", "2", "--no-progress"]
+    code, errors, _ = run(capsys, "instruct", *common, "--sources", f"dir:{chat_teacher / 'src'}", "--answers",
+                          "reference", "--seq-len", "128", "--out", str(first))
+    assert code == 0, errors
+    packed = tmp_path / "samples.jsonl.xz"
+    packed.write_bytes(lzma.compress((first / "samples.jsonl").read_bytes()))
+    again = tmp_path / "again"
+    code, errors, _ = run(capsys, "instruct", *common, "--samples", str(packed), "--seq-len", "128",
+                          "--out", str(again))
+    assert code == 0, errors
+    a_ids, a_mask, _ = load_instruct_set(first)
+    b_ids, b_mask, manifest = load_instruct_set(again)
+    assert np.array_equal(a_ids, b_ids) and np.array_equal(a_mask, b_mask)
+    assert all(np.array_equal(x, y) for x, y in zip(load_instruct_dev(first), load_instruct_dev(again)))
+    assert manifest["samples"] == 8 and manifest["dev_tasks"] == 2
+    wide = tmp_path / "wide"
+    code, errors, _ = run(capsys, "instruct", *common, "--samples", str(packed), "--seq-len", "256",
+                          "--out", str(wide))
+    assert code == 0, errors
+    w_ids, w_mask, _ = load_instruct_set(wide)
+    assert w_ids.shape[0] < a_ids.shape[0] and int(w_mask.sum()) == int(a_mask.sum())
+
+
+def test_samples_that_are_not_an_instruct_runs_are_one_line(chat_teacher, tmp_path, capsys, tmp_cache):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": "k", "prompt": "p"}\n')
+    out = tmp_path / "out"
+    one_error(capsys, "record 1 lacks", "instruct", "--teacher", str(chat_teacher / "teacher"), "--samples", str(bad),
+              "--out", str(out), "--no-progress")
+    assert not out.exists()
+    one_error(capsys, "not a readable samples.jsonl", "instruct", "--samples", str(tmp_path / "none.jsonl"),
+              "--out", str(out), "--no-progress")
+
+
 def test_teacher_answers_are_cut_at_the_end_of_their_code_block_and_resume(chat_teacher, tmp_path, capsys,
                                                                             tmp_cache, monkeypatch):
     """The teacher's own answers: kept up to the end of the first code block, dropped where none closes; an

@@ -129,9 +129,15 @@ def reference_answer(task: CodeTask) -> str:
 
 def render(tokenizer, task: CodeTask, answer: str | None = None) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids) of one task: ``answer`` (default: the reference answer) closed by the end of turn."""
-    prompt = tokenizer(prompt_text(tokenizer, task), add_special_tokens=False)["input_ids"]
-    reply = tokenizer(reference_answer(task) if answer is None else answer, add_special_tokens=False)["input_ids"]
-    return list(prompt), list(reply) + [end_of_turn_id(tokenizer)]
+    return render_texts(tokenizer, prompt_text(tokenizer, task), reference_answer(task) if answer is None else answer)
+
+
+def render_texts(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids) of a rendered prompt (special tokens written out) and its answer, which the end of
+    turn closes."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    reply = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    return list(ids), list(reply) + [end_of_turn_id(tokenizer)]
 
 
 def pack(samples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, pad_id: int
@@ -170,6 +176,36 @@ def chat_windows(tokenizer, tasks: Sequence[CodeTask], seq_len: int, answers: di
     answers = answers or {}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return pack([render(tokenizer, t, answers.get(t.key)) for t in tasks], seq_len, pad)
+
+
+def pack_texts(tokenizer, samples: Sequence[dict], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack` of samples read back from a ``samples.jsonl`` (``prompt`` and ``answer`` texts), as
+    :func:`chat_windows` packed them: the same ids where the tokenizer is the same."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pack([render_texts(tokenizer, s["prompt"], s["answer"]) for s in samples], seq_len, pad)
+
+
+def read_samples(path) -> list[dict]:
+    """The records of a ``samples.jsonl`` that `tcal instruct` wrote (``.xz``-compressed too): key, split, prompt,
+    answer, in file order."""
+    import lzma
+
+    p = Path(path).expanduser()
+    opener = lzma.open if p.suffix == ".xz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError, lzma.LZMAError) as e:
+        raise TcalError(f"{p} is not a readable samples.jsonl of `tcal instruct` ({e}); give the samples.jsonl "
+                        "(or .jsonl.xz) an instruct run wrote") from None
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("key", "split", "prompt", "answer")) \
+                or r["split"] not in ("train", "dev"):
+            raise TcalError(f"{p}: record {i + 1} lacks a key, a train/dev split, a prompt or an answer; give the "
+                            "samples.jsonl a `tcal instruct` run wrote")
+    if not rows:
+        raise TcalError(f"{p} holds no samples")
+    return rows
 
 
 # -- instruct sets on disk ------------------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
                                                  "(its .py files)")
     answers: str = arg("teacher", "teacher: the teacher's own greedy answers (self-distillation); reference: each "
                                   "function as its package wrote it", choices=ANSWERS)
+    samples: str = arg("", "an earlier run's samples.jsonl (or .jsonl.xz): pack its prompts and answers again, in "
+                           "its order and split, instead of finding tasks and asking the teacher (the same training "
+                           "set at another --seq-len, or rebuilt from a published run)")
     max_tasks: int = arg(4096, "tasks at most, taken in source order")
     dev_tasks: int = arg(64, "tasks held out as the development set (by a hash of their key): the answer KL on them "
                              "picks a distillation's best checkpoint; no step trains on them")
@@ -102,6 +105,8 @@ def run(cfg: InstructConfig) -> dict:
     from tcal.utils.runtime import resolve_device
 
     check(cfg)
+    if cfg.samples:
+        return repack(cfg)
     out = check_out(cfg.out, "instruct", cfg.overwrite)
     work = partial_dir(out)
     if work.exists() and not cfg.resume:
@@ -160,6 +165,48 @@ def run(cfg: InstructConfig) -> dict:
     print(f"wrote {cfg.out}: {fitted:,} samples in {ids.shape[0]:,} windows of {cfg.seq_len} tokens "
           f"({int(mask.sum()):,} answer tokens) in {time.time() - t0:.0f} s; files: {', '.join(written_files(out))}")
     return manifest
+
+
+def repack(cfg: InstructConfig) -> dict:
+    """`tcal instruct --samples FILE`: the windows of an earlier run's prompts and answers, under this tokenizer."""
+    from tcal.data.instruct import pack_texts, read_samples, save_instruct_set
+    from tcal.data.teachers import load_teacher
+    from tcal.data.tokens import tokenizer_id
+    from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
+
+    t0 = time.time()
+    samples = read_samples(cfg.samples)
+    out = check_out(cfg.out, "instruct", cfg.overwrite)
+    _, tokenizer = load_teacher(cfg.teacher, device="cpu")
+    train = [s for s in samples if s["split"] == "train"]
+    dev = [s for s in samples if s["split"] == "dev"]
+    ids, mask = pack_texts(tokenizer, train, cfg.seq_len)
+    dev_windows = pack_texts(tokenizer, dev, cfg.seq_len) if dev else None
+    sources: dict = {}
+    for s in samples:
+        src = s["key"].rsplit(":", 2)[0]
+        sources[src] = sources.get(src, 0) + 1
+    manifest = {"teacher": cfg.teacher, "answers": f"samples {Path(cfg.samples).name}", "sources": sources,
+                "tasks": len(samples), "samples": len(train), "dev_tasks": len(dev), "dropped_unfinished": 0,
+                "dropped_too_long": len(train) - count_fitting(tokenizer, train, cfg.seq_len),
+                "max_new_tokens": cfg.max_new_tokens, "tokenizer": {"id": tokenizer_id(tokenizer)},
+                "generate_s": 0.0, "excluded": f"as in {cfg.samples}"}
+    with atomic_dir(out) as tmp:
+        save_instruct_set(tmp, ids, mask, manifest, dev_windows)
+        shutil.copyfile(cfg.samples, tmp / Path(cfg.samples).name)
+        write_json(tmp / "tcal_config.json", {"stage": "instruct", **dataclasses.asdict(cfg)})
+        (tmp / "report.md").write_text(report_markdown(cfg, {**manifest, "windows": int(ids.shape[0]),
+                                                             "loss_tokens": int(mask.sum())}))
+    print(f"wrote {cfg.out}: {len(train):,} samples of {cfg.samples} in {ids.shape[0]:,} windows of {cfg.seq_len} "
+          f"tokens ({int(mask.sum()):,} answer tokens) in {time.time() - t0:.0f} s; files: "
+          f"{', '.join(written_files(out))}")
+    return manifest
+
+
+def count_fitting(tokenizer, samples, seq_len: int) -> int:
+    from tcal.data.instruct import render_texts
+
+    return sum(1 for s in samples if sum(map(len, render_texts(tokenizer, s["prompt"], s["answer"]))) <= seq_len)
 
 
 def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -> tuple[dict, float]:
