@@ -83,3 +83,30 @@ def test_no_progress_silences_the_evaluation_too(workspace, capsys):
     assert main([str(a) for a in argv]) == 0
     captured = capsys.readouterr()
     assert "held-out PPL" in captured.out and "perplexity" not in captured.err + captured.out
+
+
+def test_keep_auto_is_the_teachers_convert_share(workspace, monkeypatch):
+    """tcal convert --keep auto takes the teacher table's share (uniform:75% for the code teachers), and an explicit
+    --keep stays the user's."""
+    import tcal.data.teacher_table as table
+
+    assert table.default_convert_keep("qwen2.5-coder-0.5b", "reference") == "uniform:75%"
+    assert table.default_convert_keep("qwen2.5-coder-1.5b", "reference") == "uniform:75%"
+    assert table.default_convert_keep("qwen2.5-coder-0.5b", "large") == "auto"  # the GPU default keeps half
+    assert table.default_convert_keep("smollm2-135m", "reference") == "auto"
+    assert table.default_convert_keep("/a/model", "reference") == "auto"
+    budgets = []
+    monkeypatch.setattr(table, "default_convert_keep",
+                        lambda teacher, budget: budgets.append(budget) or "uniform:75%")
+
+    def converted(name, *keep):
+        argv = ["convert", "--teacher", workspace / "teacher", *keep, "--init", "copy", "--eval", "none",
+                "--device", "cpu", "--no-progress", "--out", workspace / name]
+        assert main([str(a) for a in argv]) == 0
+        types = json.loads((workspace / name / "config.json").read_text())["layer_types"]
+        return sum(t == "linear_attention" for t in types), len(types)
+
+    linear, layers = converted("auto")
+    assert linear == layers - round(0.75 * layers) and linear >= 1
+    assert converted("mine", "--keep", "uniform:50%")[0] == layers // 2
+    assert budgets == ["reference"]  # asked once, for the auto run, with the CPU's budget

