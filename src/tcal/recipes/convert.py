@@ -60,7 +60,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     calib_given = cfg.calib.strip() != "auto"
     resolve_teacher_args(cfg)
     if cfg.keep.strip() == AUTO:
-        cfg.keep = default_convert_keep(cfg.teacher, cfg.budget(world.device).name)
+        cfg.keep = default_convert_keep(cfg.teacher, cfg.budget_name(world.device))
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)

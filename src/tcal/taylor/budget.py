@@ -122,12 +122,16 @@ class CalibArgs:
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
             raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
 
+    def budget_name(self, device: str) -> str:
+        """The budget's name on ``device``: ``auto`` is ``reference`` on a CPU, ``large`` on a GPU."""
+        if self.calib_budget == "auto":
+            return "reference" if str(device).startswith("cpu") else "large"
+        return self.calib_budget
+
     def budget(self, device: str) -> CalibBudget:
         """The budget on ``device`` (cpu, cuda, cuda:N), with the flags' overrides (new configs: the named
         budget itself is left as it is)."""
-        name = self.calib_budget
-        if name == "auto":
-            name = "reference" if str(device).startswith("cpu") else "large"
+        name = self.budget_name(device)
         b = CALIB_BUDGETS[name]
         align, kl = b.align, b.kl
         if self.align_steps is not None:
