@@ -169,20 +169,22 @@ def pack(samples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, p
     return ids, mask
 
 
+def count_fitting(samples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int) -> int:
+    """How many rendered samples (prompt ids, answer ids) :func:`pack` keeps in windows of ``seq_len`` tokens."""
+    return sum(1 for prompt, answer in samples if len(prompt) + len(answer) <= seq_len)
+
+
+def pad_id(tokenizer) -> int:
+    """The token instruct windows are padded with: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def chat_windows(tokenizer, tasks: Sequence[CodeTask], seq_len: int, answers: dict | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pack` of the tasks rendered in the tokenizer's chat template (``answers``: task key -> answer text;
-    a task without one answers with its own function), padded with the tokenizer's pad (else EOS) token."""
+    a task without one answers with its own function), padded with :func:`pad_id`."""
     answers = answers or {}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return pack([render(tokenizer, t, answers.get(t.key)) for t in tasks], seq_len, pad)
-
-
-def pack_texts(tokenizer, samples: Sequence[dict], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pack` of samples read back from a ``samples.jsonl`` (``prompt`` and ``answer`` texts), as
-    :func:`chat_windows` packed them: the same ids where the tokenizer is the same."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return pack([render_texts(tokenizer, s["prompt"], s["answer"]) for s in samples], seq_len, pad)
+    return pack([render(tokenizer, t, answers.get(t.key)) for t in tasks], seq_len, pad_id(tokenizer))
 
 
 def read_samples(path) -> list[dict]:

@@ -89,6 +89,9 @@ def run(cfg: InstructConfig) -> dict:
     from tcal.data.instruct import (
         chat_windows,
         code_tasks,
+        count_fitting,
+        pack,
+        pad_id,
         prompt_text,
         reference_answer,
         render,
@@ -140,9 +143,10 @@ def run(cfg: InstructConfig) -> dict:
         raise TcalError(f"the teacher finished none of the {len(tasks)} tasks' code blocks within --max-new-tokens "
                         f"{cfg.max_new_tokens}; raise it, or use --answers reference")
     train_tasks, dev_tasks = split_tasks(kept, cfg.dev_tasks)
-    ids, mask = chat_windows(tokenizer, train_tasks, cfg.seq_len, answers)
+    rendered = [render(tokenizer, t, answers.get(t.key)) for t in train_tasks]
+    ids, mask = pack(rendered, cfg.seq_len, pad_id(tokenizer))
     dev = chat_windows(tokenizer, dev_tasks, cfg.seq_len, answers) if dev_tasks else None
-    fitted = sum(1 for t in train_tasks if sum(map(len, render(tokenizer, t, answers.get(t.key)))) <= cfg.seq_len)
+    fitted = count_fitting(rendered, cfg.seq_len)
     manifest = {"teacher": cfg.teacher, "answers": cfg.answers, "sources": per_source, "tasks": len(tasks),
                 "samples": fitted, "dev_tasks": len(dev_tasks), "dropped_unfinished": len(tasks) - len(kept),
                 "dropped_too_long": len(train_tasks) - fitted, "max_new_tokens": cfg.max_new_tokens,
@@ -169,7 +173,7 @@ def run(cfg: InstructConfig) -> dict:
 
 def repack(cfg: InstructConfig) -> dict:
     """`tcal instruct --samples FILE`: the windows of an earlier run's prompts and answers, under this tokenizer."""
-    from tcal.data.instruct import pack_texts, read_samples, save_instruct_set
+    from tcal.data.instruct import count_fitting, pack, pad_id, read_samples, render_texts, save_instruct_set
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import tokenizer_id
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
@@ -178,17 +182,18 @@ def repack(cfg: InstructConfig) -> dict:
     samples = read_samples(cfg.samples)
     out = check_out(cfg.out, "instruct", cfg.overwrite)
     _, tokenizer = load_teacher(cfg.teacher, device="cpu")
-    train = [s for s in samples if s["split"] == "train"]
-    dev = [s for s in samples if s["split"] == "dev"]
-    ids, mask = pack_texts(tokenizer, train, cfg.seq_len)
-    dev_windows = pack_texts(tokenizer, dev, cfg.seq_len) if dev else None
+    # each sample rendered once: the windows and the count of those too long for one both read it
+    train, dev = ([render_texts(tokenizer, s["prompt"], s["answer"]) for s in samples if s["split"] == part]
+                  for part in ("train", "dev"))
+    ids, mask = pack(train, cfg.seq_len, pad_id(tokenizer))
+    dev_windows = pack(dev, cfg.seq_len, pad_id(tokenizer)) if dev else None
     sources: dict = {}
     for s in samples:
         src = s["key"].rsplit(":", 2)[0]
         sources[src] = sources.get(src, 0) + 1
     manifest = {"teacher": cfg.teacher, "answers": f"samples {Path(cfg.samples).name}", "sources": sources,
                 "tasks": len(samples), "samples": len(train), "dev_tasks": len(dev), "dropped_unfinished": 0,
-                "dropped_too_long": len(train) - count_fitting(tokenizer, train, cfg.seq_len),
+                "dropped_too_long": len(train) - count_fitting(train, cfg.seq_len),
                 "max_new_tokens": cfg.max_new_tokens, "tokenizer": {"id": tokenizer_id(tokenizer)},
                 "generate_s": 0.0, "excluded": f"as in {cfg.samples}"}
     with atomic_dir(out) as tmp:
@@ -201,12 +206,6 @@ def repack(cfg: InstructConfig) -> dict:
           f"tokens ({int(mask.sum()):,} answer tokens) in {time.time() - t0:.0f} s; files: "
           f"{', '.join(written_files(out))}")
     return manifest
-
-
-def count_fitting(tokenizer, samples, seq_len: int) -> int:
-    from tcal.data.instruct import render_texts
-
-    return sum(1 for s in samples if sum(map(len, render_texts(tokenizer, s["prompt"], s["answer"]))) <= seq_len)
 
 
 def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -> tuple[dict, float]:
