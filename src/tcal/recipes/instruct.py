@@ -191,9 +191,10 @@ def repack(cfg: InstructConfig) -> dict:
     for s in samples:
         src = s["key"].rsplit(":", 2)[0]
         sources[src] = sources.get(src, 0) + 1
+    fitted = count_fitting(train, cfg.seq_len)
     manifest = {"teacher": cfg.teacher, "answers": f"samples {Path(cfg.samples).name}", "sources": sources,
-                "tasks": len(samples), "samples": len(train), "dev_tasks": len(dev), "dropped_unfinished": 0,
-                "dropped_too_long": len(train) - count_fitting(train, cfg.seq_len),
+                "tasks": len(samples), "samples": fitted, "dev_tasks": len(dev), "dropped_unfinished": 0,
+                "dropped_too_long": len(train) - fitted,
                 "max_new_tokens": cfg.max_new_tokens, "tokenizer": {"id": tokenizer_id(tokenizer)},
                 "generate_s": 0.0, "excluded": f"as in {cfg.samples}"}
     with atomic_dir(out) as tmp:
@@ -202,7 +203,7 @@ def repack(cfg: InstructConfig) -> dict:
         write_json(tmp / "tcal_config.json", {"stage": "instruct", **dataclasses.asdict(cfg)})
         (tmp / "report.md").write_text(report_markdown(cfg, {**manifest, "windows": int(ids.shape[0]),
                                                              "loss_tokens": int(mask.sum())}))
-    print(f"wrote {cfg.out}: {len(train):,} samples of {cfg.samples} in {ids.shape[0]:,} windows of {cfg.seq_len} "
+    print(f"wrote {cfg.out}: {fitted:,} samples of {cfg.samples} in {ids.shape[0]:,} windows of {cfg.seq_len} "
           f"tokens ({int(mask.sum()):,} answer tokens) in {time.time() - t0:.0f} s; files: "
           f"{', '.join(written_files(out))}")
     return manifest
