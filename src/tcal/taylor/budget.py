@@ -32,6 +32,12 @@ class CalibBudget:
 _LARGE_ALIGN = AlignConfig(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10)
 CALIB_BUDGETS: dict[str, CalibBudget] = {b.name: b for b in (
     CalibBudget("reference", windows=4, window=256, align=AlignConfig(steps=300), kl=KLConfig(steps=40, batch_size=3)),
+    # what two CPU cores afford in about half an hour on a 0.5B teacher: 32 x 512 tokens, Phase 2 in minibatches of
+    # 2 x 512 (held-out check every 10 steps), a KL stage of 60 steps of 2 x 512 (docs/results.md, *A CPU budget for
+    # half converted*)
+    CalibBudget("medium", windows=32, window=512,
+                align=AlignConfig(steps=300, batch_size=2, eval_every=10, schedule="cosine", warmup_steps=10),
+                kl=KLConfig(steps=60, batch_size=2, eval_every=10)),
     # 300 KL steps: 2 % lower held-out PPL than 100 on each of three domains at 50 % converted, for 72 s more on an
     # H200 (docs/results.md, *Calibration budget*)
     CalibBudget("large", windows=512, window=512, align=_LARGE_ALIGN, kl=KLConfig(steps=300, batch_size=8),
