@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -344,6 +344,3 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
             "answer": "code_answer_nll_with_layer_attention_removed"}[pol.kind]
     return Selection(label, keep_of([cands[i] for i in picked]), scores, name, seconds, protocol, cached)
 
-
-def selection_record(sel: Selection) -> dict:
-    return asdict(sel)
