@@ -10,4 +10,7 @@ FAMILY = Family(
     config_class="Qwen2Config", causal_lm_class="Qwen2ForCausalLM",
     gguf_architecture="qwen2", teacher_gguf=True,
     pre_tokenizers={QWEN2_SPLIT: "qwen2"},
+    shapes={"qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                                 rope_theta=1e6, tie_word_embeddings=True)},
 )

@@ -206,9 +206,9 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
     """Why ``row`` cannot run on a model whose teacher config is ``base`` (one line), or None, as far as the config
     tells; ``saved``: a saved hybrid (its eps is its own), else a shape (converted here for the layout it fits).
     The weights of a saved hybrid are checked for the llama.cpp layout once loaded (:func:`check_rows_on_weights`)."""
+    from tcal import families
     from tcal.conversion.target import LAYOUT_EPS, layout_blocker
     from tcal.export.gguf import ARCH, teacher_gguf_blocker
-    from tcal.families.rope import gguf_rope_blocker, rope_parameters
     from tcal.models.fast import runs
 
     if row not in LLAMA_CPP_ROWS:
@@ -219,7 +219,7 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
     if why:
         return (f"{why}; llama.cpp runs a tcal hybrid only in that layout, and this one runs where tcal is "
                 "imported (the eager, fast and generate rows)")
-    why = gguf_rope_blocker(rope_parameters(base), ARCH)
+    why = families.of(base).gguf_rope_blocker(base, ARCH)
     if why:
         return why
     if saved and base.rms_norm_eps != LAYOUT_EPS:
