@@ -88,7 +88,7 @@ def test_a_llama3_teacher_gguf_runs_in_llama_cpp_with_its_rope(llama3, tmp_path)
     (the plain teacher of the same weights gives others: the scaling is what is tested)."""
     import numpy as np
 
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
     from tcal.export.gguf import teacher_gguf_blocker, write_teacher_gguf
 
     assert teacher_gguf_blocker(llama3.config) is None

@@ -32,7 +32,6 @@ from tqdm import tqdm
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.policy import (
-    interval_layers,
     parse_policy,
     policy_scope,
     resolve_auto,
@@ -45,6 +44,7 @@ from tcal.data.corpora import as_corpus
 from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
+from tcal.engines.placement import interval_layers
 from tcal.evaluate import window_ppl
 from tcal.evaluate.niah import make_samples
 from tcal.modules.distill_loss import final_hidden, lm_parts

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from tcal import families
-from tcal.conversion.policy import periodic_interval
-from tcal.evaluate.llamacpp import quiet as quiet_llama_cpp
+from tcal.engines.llamacpp import quiet as quiet_llama_cpp
+from tcal.engines.placement import periodic_interval
 from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
 from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
@@ -217,7 +217,7 @@ def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads
 
     import gguf
 
-    from tcal.evaluate.llamacpp import module
+    from tcal.engines.llamacpp import module
 
     try:
         lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tcal import families
-from tcal.conversion.policy import periodic_interval
 from tcal.conversion.target import LAYOUT_EPS, layout_blocker
+from tcal.engines.placement import periodic_interval
 from tcal.families.rope import rope_parameters
 from tcal.utils.errors import TcalError
 
