@@ -5,7 +5,7 @@
 # along the way. Never train on wiki:eval.
 #
 # On a machine without network, stage the teacher, corpora, token pool and wheels first (docs/airgap.md):
-# python -m tcal.airgap pack on a machine with network, then the `stage` step of scripts/device_session.sh on the GPU
+# tcal airgap pack on a machine with network, then the `stage` step of scripts/device_session.sh on the GPU
 # machine; that script's `recover` and `recover50` steps call this one:
 #   bash bench/distill_device.sh [--tokens N] [--data POOL] [--minutes 6.5] [--inits copy,taylor] [tcal recover flags]
 # A job stops itself after --minutes (checkpoint in $RUN.partial/); run it again until it prints "wrote".

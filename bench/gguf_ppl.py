@@ -30,7 +30,7 @@ def window_nll(llm, ids: list[int]) -> float:
 
 
 def gguf_ppl(path: str, windows, threads: int) -> dict:
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
 
     W = windows.shape[1]
     llm = load(path, W, n_batch=W, logits_all=True, threads=threads, kv_cache="f32")

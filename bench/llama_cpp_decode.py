@@ -31,8 +31,8 @@ def main():
 
     import numpy as np
 
-    from tcal.evaluate.gguf_speed import decode_ms
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
+    from tcal.engines.llamacpp_speed import decode_ms
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
     room = contexts[-1] + args.blocks * args.steps * len(contexts) + 8

@@ -40,7 +40,7 @@ def profile(name: str, path: str, contexts: list[int], steps: int, threads: int,
             seed: int = 0) -> list[dict]:
     import numpy as np
 
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
 
     llm = load(path, contexts[-1] + steps * len(contexts) + 8, threads=threads, kv_cache="f16")  # llama.cpp's default
     rng = np.random.default_rng(seed)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FastDecoder on a GPU machine without network (docs/airgap.md): its tests (CPU + CUDA), fast == eager at the
 # Qwen2.5-1.5B shape, and the speed tables, through `tcal bench`. One job: transfer the folders
-# `python -m tcal.airgap pack` wrote (its wheels; they are staged first), command:
+# `tcal airgap pack` wrote (its wheels; they are staged first), command:
 #   bash scripts/device_fast.sh STEP...
 #   tests      pytest tests/models/test_fast.py tests/modules/test_gdn.py (CPU and CUDA cases)
 #   cudatests  only the CUDA cases of tests/models/test_fast.py
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 S=${STAGE:-/tmp/tcal-stage}
-[ -d .dev/carry ] && PYTHONPATH=$PWD/src python3 -m tcal.airgap stage --carry .dev/carry --stage "$S"
+[ -d .dev/carry ] && PYTHONPATH=$PWD/src python3 -m tcal airgap stage --carry .dev/carry --stage "$S"
 export PYTHONPATH=$S/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -c "import torch, transformers, triton, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())"
 B="python3 -m tcal.cli bench --model qwen2.5-1.5b --keep uniform:25% --device cuda --no-progress"

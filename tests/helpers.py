@@ -81,6 +81,24 @@ def word_tokenizer(words, extra=()):
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>")
 
 
+def byte_bpe_tokenizer(vocab_size=320):
+    """A byte-level BPE tokenizer trained on a few sentences, with Llama 3's pre-tokenizer regex."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tcal.families.llama import LLAMA3_SPLIT as regex
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    text = ["The river rose through the night, and by morning the old bridge was under water.",
+            "In 1771 the flood took every bridge on the Tyne but one; 23 people died.", "the cat sat on the mat"] * 20
+    tk.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|end|>"],
+                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|end|>")
+
+
 def write_distill_assets(root):
     """A tiny Llama teacher and its copy-init hybrid (keep 0, 2) saved under ``root``, with random
     training (8000) and evaluation (2048) token files: what the distillation tests run on."""

@@ -75,7 +75,7 @@ def test_the_real_hybrid_runs_in_transformers_without_tcal_and_in_llama_cpp(teac
     import numpy as np
 
     from tcal.cli import main
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
 
     model, tok = teacher
     h = tmp_path / "hybrid"

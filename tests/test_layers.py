@@ -10,8 +10,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # low -> high; `tcal` itself (the package root) sits above them all
-LAYERS = ("utils", "ops", "modules", "families", "models", "data", "evaluate", "taylor", "conversion", "export", "train",
-          "report", "recipes", "cli", "__main__", "airgap")
+LAYERS = ("utils", "ops", "modules", "families", "models", "data", "engines", "evaluate", "taylor", "conversion",
+          "export", "train", "report", "airgap", "recipes", "cli", "__main__")
 
 
 def _module_name(path: Path) -> str:
@@ -61,6 +61,8 @@ def _layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1:
         return len(LAYERS)  # the package root
+    if parts[-1] == "__main__":  # `python -m tcal.<package>` runs the command line: it sits beside tcal's own
+        return LAYERS.index("__main__")
     return LAYERS.index(parts[1])
 
 

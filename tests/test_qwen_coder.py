@@ -35,11 +35,11 @@ def test_llama_cpp_gets_the_same_prompt_and_token_ids(teacher):
     """The prompt rendered from the GGUF's own chat template equals the transformers tokenizer's, and llama.cpp
     tokenises it (special tokens parsed) into the same ids."""
     from tcal.data.teachers import builtin_gguf_path
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
 
     model, tok = teacher
     llm = load(builtin_gguf_path(NAME), vocab_only=True)
-    from tcal.evaluate.gguf_generate import GGUFTemplate
+    from tcal.engines.llamacpp_generate import GGUFTemplate
 
     gguf_tok = GGUFTemplate(llm.metadata, lambda i: llm.detokenize([i], special=True).decode())
     for problem in H.load_problems(limit=3):

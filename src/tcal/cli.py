@@ -1,7 +1,8 @@
 """`tcal` command line: the command table over :mod:`tcal.recipes`.
 
 Every subcommand maps its flags onto its recipe's config dataclass and calls the recipe's
-``run``. Bad input is one line ``tcal: error: ...`` and exit status 2, never a traceback.
+``run``; a command group (``tcal airgap pack|stage|check``) is a recipe module whose ``COMMANDS`` table names its
+subcommands the same way. Bad input is one line ``tcal: error: ...`` and exit status 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -35,13 +36,22 @@ COMMANDS = {
               "prefill and decode speed of a hybrid against its teacher by context length: tables, plot"),
 }
 
+# name -> (recipe module with a COMMANDS table {subcommand: (config class, run, help)}, help)
+GROUPS = {
+    "airgap": ("tcal.recipes.airgap", "staging tcal for a GPU machine without network: pack (where there is network), "
+                                      "stage and check (on the GPU machine); docs/airgap.md"),
+}
+
 # `tcal eval MODEL`, `tcal distill HYBRID`, `tcal stats TEACHER`, `tcal bench MODEL`, `tcal export HYBRID`: the first positional
 # fills this field.
 POSITIONAL = {"eval": "model", "distill": "hybrid", "stats": "teacher", "bench": "model", "export": "hybrid"}
 
 
-def recipe(name: str):
-    """(config class, run function) of a command."""
+def recipe(name: str, sub: str | None = None):
+    """(config class, run function) of a command, or of a group's subcommand ``sub``."""
+    if name in GROUPS:
+        cls, run, _ = importlib.import_module(GROUPS[name][0]).COMMANDS[sub]
+        return cls, run
     module, cls, _ = COMMANDS[name]
     mod = importlib.import_module(module)
     return getattr(mod, cls), mod.run
@@ -60,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
             field = POSITIONAL[name]
             p.add_argument("positional", nargs="?", metavar=field.upper(), help=f"same as --{field}")
         add_dataclass_args(p, recipe(name)[0])
+    for name, (module, help_text) in GROUPS.items():
+        group = sub.add_parser(name, help=help_text, description=help_text).add_subparsers(
+            dest="subcommand", metavar="SUBCOMMAND", required=True)
+        for sub_name, (cls, _, sub_help) in importlib.import_module(module).COMMANDS.items():
+            add_dataclass_args(group.add_parser(sub_name, help=sub_help, description=sub_help), cls)
     return parser
 
 
@@ -81,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return 0
-    cls, run = recipe(ns.command)
+    cls, run = recipe(ns.command, getattr(ns, "subcommand", None))
     if getattr(ns, "positional", None):
         setattr(ns, POSITIONAL[ns.command], ns.positional)
     try:

@@ -1,6 +1,6 @@
-"""python -m tcal.airgap on the CPU: a tiny fake built-in teacher, its corpora and a pool are packed into transfer
-folders of 2 MiB, staged folder by folder into another cache, joined and sha256-checked; the staged teacher loads
-with its logits. Pieces, folders and the join's errors as pure functions."""
+"""tcal airgap on the CPU: a tiny fake built-in teacher, its corpora and a pool are packed into transfer folders of
+2 MiB, staged folder by folder into another cache, joined and sha256-checked; the staged teacher loads with its
+logits. Pieces, folders and the join's errors as pure functions; python -m tcal.airgap is the same command."""
 import hashlib
 import json
 import os
@@ -9,9 +9,33 @@ import pytest
 import torch
 from helpers import DATA_WORDS, tiny_teacher, word_tokenizer
 
+from tcal import cli
 from tcal.airgap import pieces as P
-from tcal.airgap.__main__ import main
 from tcal.utils.errors import TcalError
+
+
+def main(argv):
+    return cli.main(["airgap", *argv])
+
+
+def test_python_m_tcal_airgap_is_tcal_airgap(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TCAL_CACHE=str(tmp_path / "cache"))
+    for argv in (["-m", "tcal.airgap"], ["-m", "tcal", "airgap"]):
+        done = subprocess.run([sys.executable, *argv, "check", "--teacher", "nope"], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            "tcal: error: 'nope' is not a built-in teacher; the built-ins are " + ", ".join(builtin_names())], done.stderr
+        usage = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, env=env, timeout=120)
+        assert usage.returncode == 0 and all(c in usage.stdout for c in ("pack", "stage", "check")), usage.stdout
+
+
+def builtin_names():
+    from tcal.data.teacher_table import TEACHERS
+
+    return list(TEACHERS)
 
 
 def test_spans_cover_the_file_in_pieces_of_at_most_the_size():
@@ -155,14 +179,15 @@ def test_a_damaged_piece_and_an_unstaged_teacher_are_one_line_errors(packing_mac
 
 
 def test_the_scripts_name_no_teacher_and_no_cache_path():
-    """The GPU-machine scripts take the teacher table and the cache from tcal: no teacher's name, file or sha256,
-    and no cache path of their own (TCAL_CACHE is honoured); each parses as bash."""
+    """The GPU-machine scripts and the jobs they run take the teacher table and the cache from tcal: no teacher's
+    name, file or sha256, and no cache path of their own (TCAL_CACHE is honoured); each script parses as bash."""
     import subprocess
     from pathlib import Path
 
     from tcal.data.teacher_table import TEACHERS
 
-    scripts = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.sh"))
+    root = Path(__file__).resolve().parents[2]
+    scripts = sorted((root / "scripts").glob("*.sh"))
     assert scripts
     for path in scripts:
         text = path.read_text()
@@ -171,3 +196,6 @@ def test_the_scripts_name_no_teacher_and_no_cache_path():
                 assert fact not in text, f"{path.name} names {fact}"
         assert ".cache/tcal" not in text, path.name
         assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, path.name
+    jobs = (root / "bench" / "device_jobs.py").read_text()  # the jobs the session script runs
+    assert not [fact for t in TEACHERS.values() for fact in (t.name, t.file, t.sha256) if fact in jobs]
+    assert ".cache/tcal" not in jobs

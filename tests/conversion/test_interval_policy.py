@@ -6,8 +6,9 @@ import pytest
 from helpers import tiny_teacher
 
 import tcal
-from tcal.conversion.policy import Policy, interval_layers, parse_policy, periodic_interval
+from tcal.conversion.policy import Policy, parse_policy
 from tcal.conversion.select import select_layers
+from tcal.engines.placement import interval_layers, periodic_interval
 from tcal.utils.errors import TcalError
 
 

@@ -213,7 +213,7 @@ def test_humaneval_canonical_solutions_pass_and_empty_answers_fail(tmp_cache):
 def test_a_ggufs_chat_template_renders_the_prompt_transformers_renders():
     """llama.cpp is given the prompt rendered from the GGUF's own template with transformers' Jinja settings
     (trim_blocks, lstrip_blocks, loop controls): the same text as the tokenizer's apply_chat_template."""
-    from tcal.evaluate.gguf_generate import GGUFTemplate
+    from tcal.engines.llamacpp_generate import GGUFTemplate
 
     tok = _chat_tokenizer()
     tok.chat_template = ("{%- if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{%- endif %}\n"

@@ -62,7 +62,7 @@ def test_the_answer_gets_rulers_room_and_a_smaller_room_a_longer_haystack(tok):
 def test_a_row_stops_once_it_holds_its_answers_and_no_other_row_changes(tok):
     """The early stop must not change a score: a stopped row is a prefix of its full greedy output that already
     holds every answer, and the rows that do not stop come out exactly as without it."""
-    from tcal.evaluate.generate import generate_greedy
+    from tcal.engines.tcal_generate import generate_greedy
 
     torch.manual_seed(0)
     model = tiny_teacher(vocab_size=len(tok), max_position_embeddings=512)

@@ -9,7 +9,7 @@ from test_export_gguf import byte_bpe_tokenizer
 
 import tcal
 from tcal.cli import main
-from tcal.evaluate.llamacpp import load
+from tcal.engines.llamacpp import load
 from tcal.utils.errors import TcalError
 
 

@@ -6,12 +6,12 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from helpers import assert_close, block_import, target_hybrid, tiny_teacher
+from helpers import assert_close, block_import, byte_bpe_tokenizer, target_hybrid, tiny_teacher
 
 import tcal
 from tcal import families
 from tcal.cli import main
-from tcal.evaluate.llamacpp import load
+from tcal.engines.llamacpp import load
 
 
 def export(tmp_path, capsys, hybrid, *extra, tok=None, name="exp"):
@@ -104,24 +104,6 @@ def test_gguf_placement_keys(tmp_path, capsys):
     assert export(tmp_path, capsys, periodic, "--gguf-type", "f32", name="periodic")[0] == 0
     r = gguf.GGUFReader(str(tmp_path / "periodic" / "model-f32.gguf"))
     assert r.fields["qwen35.full_attention_interval"].contents() == 4
-
-
-def byte_bpe_tokenizer(vocab_size=320):
-    """A byte-level BPE tokenizer trained on a few sentences, with Llama 3's pre-tokenizer regex."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from tcal.families.llama import LLAMA3_SPLIT as regex
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tk.decoder = decoders.ByteLevel()
-    text = ["The river rose through the night, and by morning the old bridge was under water.",
-            "In 1771 the flood took every bridge on the Tyne but one; 23 people died.", "the cat sat on the mat"] * 20
-    tk.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|end|>"],
-                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|end|>")
 
 
 def test_gguf_tokenizer_from_a_transformers_tokenizer(tmp_path, capsys):

@@ -54,14 +54,19 @@ def test_bench_a_shape_writes_json_tables_and_plot(tmp_path, capsys):
     assert json.loads((out / "tcal_config.json").read_text())["stage"] == "bench"
 
 
-def test_the_row_list_for_help_is_the_librarys():
+def test_the_rows_are_one_registry_and_help_lists_every_row():
+    from tcal.cli import build_parser
+    from tcal.engines.rows import BENCH_ROWS
     from tcal.evaluate.speed import ROWS
     from tcal.export.gguf import FILE_TYPES, QUANTISED
-    from tcal.recipes.bench import GGUF_TYPES, LLAMA_CPP_ROWS
+    from tcal.recipes.bench import GGUF_TYPES
     from tcal.recipes.bench import ROWS as HELP_ROWS
 
     # bench writes its GGUFs itself; the 4-bit types need llama.cpp's quantiser (tcal export)
-    assert HELP_ROWS == ROWS + LLAMA_CPP_ROWS and GGUF_TYPES == tuple(t for t in FILE_TYPES if t not in QUANTISED)
+    assert HELP_ROWS == tuple(BENCH_ROWS) and GGUF_TYPES == tuple(t for t in FILE_TYPES if t not in QUANTISED)
+    assert ROWS == tuple(n for n, r in BENCH_ROWS.items() if r.reads == "tcal")  # speed measures the tcal engine's
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["bench"].format_help().split())
+    assert all(f"{name} (" in help_text for name in BENCH_ROWS)
 
 
 def test_bench_llama_cpp_rows_of_a_saved_hybrid(tmp_path, capsys):
@@ -82,14 +87,14 @@ def test_bench_llama_cpp_rows_of_a_saved_hybrid(tmp_path, capsys):
 
 
 def timed_rows(monkeypatch) -> list:
-    """Record every row the bench starts timing (speed.measure_row and the llama.cpp rows)."""
+    """Record every row the bench starts timing (speed.measure_row and the rows of exports)."""
     from tcal.evaluate import speed
     from tcal.recipes import bench
 
     started = []
-    measure_row, llama_rows = speed.measure_row, bench._llama_cpp_rows
+    measure_row, export_rows = speed.measure_row, bench._export_rows
     monkeypatch.setattr(speed, "measure_row", lambda name, *a, **k: started.append(name) or measure_row(name, *a, **k))
-    monkeypatch.setattr(bench, "_llama_cpp_rows", lambda cfg, p, name, m: started.append(name) or llama_rows(cfg, p, name, m))
+    monkeypatch.setattr(bench, "_export_rows", lambda cfg, p, name, m: started.append(name) or export_rows(cfg, p, name, m))
     return started
 
 
@@ -194,7 +199,8 @@ def test_bad_models_are_one_line_errors(tmp_path, capsys, workspace):
     hybrid = tmp_path / "hybrid"
     tcal.convert(tiny_teacher(), keep=[0], init="copy").save_pretrained(hybrid)
     for model, extra, message in [
-        ("gpt-9", (), "--model 'gpt-9' is neither a shape (qwen2.5-1.5b, llama-3.2-3b, smollm2-135m, gemma3-270m, gemma3-1b) nor a directory"),
+        ("gpt-9", (), "--model 'gpt-9' is neither a shape (gemma3-270m, gemma3-1b, llama-3.2-3b, smollm2-135m, "
+                      "qwen2.5-1.5b) nor a directory"),
         (workspace / "teacher", (), "is not a saved tcal hybrid (config.json model_type 'llama', not 'tcal_hybrid')"),
         (tmp_path / "empty", (), "is not a saved tcal hybrid (no readable config.json)"),
         (hybrid, ("--num-layers", 2), "a saved hybrid"),

@@ -88,7 +88,7 @@ def test_teacher_answers_are_cut_at_the_end_of_their_code_block_and_resume(chat_
                                                                             tmp_cache, monkeypatch):
     """The teacher's own answers: kept up to the end of the first code block, dropped where none closes; an
     interrupted run's answers are read back with --resume, not generated again."""
-    import tcal.evaluate.generate as G
+    import tcal.engines.tcal_generate as G
 
     calls = []
 

@@ -1,4 +1,5 @@
-"""Staging tcal for a GPU machine without network (docs/airgap.md): ``python -m tcal.airgap pack|stage|check``.
+"""Staging tcal for a GPU machine without network (docs/airgap.md): what ``tcal airgap pack|stage|check`` runs
+(:mod:`tcal.recipes.airgap`).
 
 ``pack`` (on a machine with network) gathers what tcal fetches on first use, for the built-in teachers asked for
 (:data:`tcal.data.teacher_table.TEACHERS`): each teacher's GGUF and its tokenizer as this machine's transformers
@@ -13,7 +14,7 @@ whose pieces are all there, checks its size and sha256, and puts it where tcal l
 or ``~/.cache/tcal``), the pools under the stage folder's ``pools/``, the wheels installed into its ``site/``.
 ``check TEACHER`` says whether a teacher is staged.
 
-This is the top of the package: nothing in tcal imports it.
+Below the recipes: the airgap recipe is the only code that imports it.
 """
 from __future__ import annotations
 

@@ -183,17 +183,6 @@ def _interval_policy(spec: str, count: str, scope: str | None, num_layers: int |
     return Policy(INTERVAL, k)
 
 
-def interval_layers(period: int, num_layers: int) -> list[int]:
-    """The layers Qwen3.5's periodic placement keeps as attention: i with (i + 1) % period == 0."""
-    return [i for i in range(num_layers) if (i + 1) % period == 0]
-
-
-def periodic_interval(layers: list[int], num_layers: int) -> int | None:
-    """The period K of ``layers`` if they are exactly interval_layers(K, num_layers), else None."""
-    want = sorted(layers)
-    return next((k for k in range(2, num_layers + 1) if interval_layers(k, num_layers) == want), None)
-
-
 def layer_index(i) -> int:
     """An integer layer index (int, numpy or torch integer); 0.5, '4' or True are refused rather
     than silently rounded or parsed."""

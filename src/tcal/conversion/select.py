@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,7 +32,6 @@ from tqdm import tqdm
 from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.policy import (
-    interval_layers,
     parse_policy,
     policy_scope,
     resolve_auto,
@@ -45,6 +44,7 @@ from tcal.data.corpora import as_corpus
 from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
+from tcal.engines.placement import interval_layers
 from tcal.evaluate import window_ppl
 from tcal.evaluate.niah import make_samples
 from tcal.modules.distill_loss import final_hidden, lm_parts
@@ -344,6 +344,3 @@ def select_layers(teacher, spec, *, tokenizer=None, cfg: SelectionConfig | None 
             "answer": "code_answer_nll_with_layer_attention_removed"}[pol.kind]
     return Selection(label, keep_of([cands[i] for i in picked]), scores, name, seconds, protocol, cached)
 
-
-def selection_record(sel: Selection) -> dict:
-    return asdict(sel)

@@ -176,7 +176,7 @@ def prompt_style(tokenizer, style: str = "auto") -> str:
 def _bos(tokenizer) -> str:
     """The BOS text where the tokenizer puts one before every text (Gemma): prompts carry their own specials."""
     bos = getattr(tokenizer, "bos_token", None)
-    if hasattr(tokenizer, "adds_bos"):  # a GGUF's (tcal.evaluate.gguf_generate.GGUFTemplate)
+    if hasattr(tokenizer, "adds_bos"):  # a GGUF's (tcal.engines.llamacpp_generate.GGUFTemplate)
         return bos if bos and tokenizer.adds_bos else ""
     if not bos or tokenizer.bos_token_id is None:
         return ""
@@ -220,51 +220,16 @@ def program(problem: Problem, completion: str, style: str, *, cut_answer: bool =
     return problem.prompt + code + "\n"
 
 
-# -- generation: tcal's models, or a GGUF in llama.cpp ------------------------------------------------------------
-
-def _end_of_turn(tokenizer) -> list[int] | None:
-    """The ids that end an instruct model's answer: its EOS and, where the chat template has one, its
-    end-of-turn token (``<|im_end|>``, ``<end_of_turn>``)."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for tok in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
-        i = tokenizer.convert_tokens_to_ids(tok)
-        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
-            ids.add(i)
-    return sorted(ids) or None
-
-
-def default_batch_size(model) -> int:
-    """Prompts generated together: 16 on a CPU (larger batches stop paying there), 128 on a GPU."""
-    from tcal.utils.runtime import model_device
-
-    return 16 if model_device(model).type == "cpu" else 128
-
+# -- generation: the engines generate (tcal.engines); this is tcal's, for the library call and the sweeps -----------
 
 def generate_tcal(model, tokenizer, prompts: Sequence[str], style: str, *, max_new_tokens: int = MAX_NEW_TOKENS,
                   batch_size: int = 8, progress: bool = False) -> list[str]:
-    """Greedy answers of a transformers model (a hybrid, a teacher) in prompt order; prompts of similar length are
-    batched together, and a row stops at its first stop sequence."""
-    from tcal.evaluate.generate import generate_greedy
+    """Greedy answers of a transformers model (a hybrid, a teacher) in prompt order, through the ``tcal`` engine:
+    prompts of similar length are batched together, and a row stops at its first stop sequence."""
+    from tcal.engines import get
 
-    order = sorted(range(len(prompts)), key=lambda i: len(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]))
-    ordered = [prompts[i] for i in order]
-    ends = stops(style)
-    outs = generate_greedy(model, tokenizer, ordered, max_new_tokens, batch_size=batch_size, progress=progress,
-                           desc="humaneval", done=lambda i, text: any(s in text for s in ends),
-                           eos_token_id=_end_of_turn(tokenizer))
-    result = [""] * len(prompts)
-    for i, o in zip(order, outs):
-        result[i] = o
-    return result
-
-
-def generate_llama_cpp(llm, prompts: Sequence[str], style: str, *, max_new_tokens: int = MAX_NEW_TOKENS,
-                       progress: bool = False) -> list[str]:
-    """Greedy answers of a GGUF opened with :func:`tcal.evaluate.gguf_generate.open_gguf`, in prompt order."""
-    from tcal.evaluate.gguf_generate import generate_gguf
-
-    return generate_gguf(llm, prompts, stops(style), max_new_tokens=max_new_tokens, progress=progress,
-                         desc="humaneval (llama.cpp)")
+    with get("tcal").runner.open(model, tokenizer, batch_size=batch_size) as gen:
+        return gen.generate(prompts, stops(style), max_new_tokens=max_new_tokens, progress=progress, desc="humaneval")
 
 
 # -- scoring ------------------------------------------------------------------------------------------------------
@@ -329,6 +294,8 @@ def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_
     every problem's result holds its completion and why it failed. Running the model's code needs ``allow_code_execution=True``
     (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded).
     """
+    from tcal.engines.tcal_generate import default_batch_size
+
     require_allowed(allow_code_execution, "HumanEval", "the model's code")  # before any generation
     probs = list(problems) if isinstance(problems, (list, tuple)) else load_problems(problems)
     style = prompt_style(tokenizer, prompt)

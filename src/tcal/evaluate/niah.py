@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tcal.data.corpora import as_corpus
-from tcal.evaluate.generate import generate_greedy
+from tcal.engines.tcal_generate import generate_greedy
 from tcal.utils.errors import TcalError
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -2,7 +2,8 @@
 decode throughput, end-to-end generation, and the fast path's numerics. Every function returns a dict
 of plain numbers; nothing here prints or writes files.
 
-Rows (:data:`ROWS`), each measured by one function:
+Rows (:data:`ROWS`: the rows of :data:`tcal.engines.rows.BENCH_ROWS` that the ``tcal`` engine runs), each
+measured by one function:
 
     teacher-eager, hybrid-eager   HF forward with its DynamicCache, what ``generate()`` does by default
                                   (:func:`measure_eager`)
@@ -32,12 +33,13 @@ from collections.abc import Callable
 
 import torch
 
+from tcal.engines.rows import rows_of
 from tcal.models.fast import FastDecoder, StaticHybridCache, _fp32_bmm_ok
 from tcal.utils import compat
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
 
-ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hybrid-fast", "generate")
+ROWS = rows_of("tcal")
 PEAK_BANDWIDTH = 4.3e12  # bytes/s: HBM3e peak of an H200-class GPU, an assumption, not a measurement
 GiB = 2**30
 

@@ -91,7 +91,7 @@ CHECK_NEEDS = "checking a GGUF needs llama-cpp-python: pip install 'tcal[gguf]' 
 def load_gguf(path, n_ctx: int, *, vocab_only: bool = False, logits_all: bool = True):
     """llama.cpp on ``path`` with an f32 KV cache: the check compares the model, and llama.cpp's default f16 cache
     would round every cached key and value (a 5e-4 relative logit error on its own)."""
-    from tcal.evaluate import llamacpp
+    from tcal.engines import llamacpp
 
     return llamacpp.load(path, n_ctx, purpose="checking a GGUF (--no-check skips it)",
                          threads=max(1, min(8, os.cpu_count() or 1)), kv_cache="f32", logits_all=logits_all,

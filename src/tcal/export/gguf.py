@@ -25,12 +25,13 @@ import numpy as np
 import torch
 
 from tcal import families
-from tcal.conversion.policy import periodic_interval
-from tcal.evaluate.llamacpp import quiet as quiet_llama_cpp
+from tcal.engines.llamacpp import quiet as quiet_llama_cpp
+from tcal.engines.placement import periodic_interval
 from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
 from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
-from tcal.families.rope import gguf_rope_blocker, rope_parameters
+from tcal.families.family import GGUF_TOP_NAMES
+from tcal.families.rope import PLAIN_ROPE, rope_parameters
 from tcal.utils.errors import TcalError
 
 # 4-bit types: llama.cpp's llama_ftype of each (llama.h), made by its quantiser from the f16 file
@@ -62,8 +63,6 @@ _LAYER_NAMES = {
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
 }
-_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}
 _ZERO_CENTRED = ("attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight",
                  "output_norm.weight")
 _KEEP_F32 = ("ssm_conv1d.weight", "ssm_alpha.weight", "ssm_beta.weight")
@@ -71,8 +70,8 @@ _KEEP_F32 = ("ssm_conv1d.weight", "ssm_alpha.weight", "ssm_beta.weight")
 
 def gguf_name(name: str) -> str:
     """transformers' tensor name in the layout -> llama.cpp's."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
+    if name in GGUF_TOP_NAMES:
+        return GGUF_TOP_NAMES[name]
     parts = name.split(".", 3)
     if parts[:2] == ["model", "layers"] and len(parts) == 4 and parts[3] in _LAYER_NAMES:
         return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
@@ -140,7 +139,7 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
                         "llama.cpp's quantiser applied to an f16 file (export_gguf does both)")
     check_rows(vocab, config["vocab_size"])
     rope = config["rope_parameters"]
-    why = gguf_rope_blocker(rope, ARCH)
+    why = PLAIN_ROPE.blocker(rope, ARCH)  # qwen35 loads no RoPE tensor: plain RoPE whatever the family
     if why:
         raise TcalError(f"{why}: export --format hf instead")
     L = config["num_hidden_layers"]
@@ -218,7 +217,7 @@ def quantise(src: Path, dst: Path, file_type: str, keep: dict[str, str], threads
 
     import gguf
 
-    from tcal.evaluate.llamacpp import module
+    from tcal.engines.llamacpp import module
 
     try:
         lc = module(f"a {file_type} GGUF (llama.cpp's quantiser)")
@@ -268,38 +267,21 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
     return layout, tensor_types(path)
 
 
-# a teacher in llama.cpp's own architecture for its family (the llama.cpp rows of tcal bench time it beside its hybrid)
-_TEACHER_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def _interleave_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """transformers' rotate-half RoPE rows -> the pairwise order llama.cpp's ``llama`` architecture rotates:
-    within each head, row i of the first half and row i of the second half become neighbours."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
 def teacher_gguf_blocker(config) -> str | None:
     """Why tcal cannot write a plain teacher of this config as a GGUF (one line), or None: its family must say
-    ``teacher_gguf`` (:mod:`tcal.families`) and its RoPE be plain."""
+    ``teacher_gguf`` (:mod:`tcal.families`) and hold its RoPE in its architecture (``Family.gguf_rope``)."""
     fam = families.find(getattr(config, "model_type", None))
     if fam is None or not fam.teacher_gguf:
         return (f"tcal writes llama.cpp GGUFs of {families.supported(lambda f: f.teacher_gguf)} teachers, not "
                 f"{getattr(config, 'model_type', None)!r}")
-    return gguf_rope_blocker(rope_parameters(config), fam.gguf_architecture)
+    return fam.gguf_rope_blocker(config, fam.gguf_architecture)
 
 
 def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = False) -> dict:
-    """A plain teacher of a family that says ``teacher_gguf`` (Llama, Mistral, Qwen2, Qwen3) as a GGUF of its
-    family's llama.cpp architecture, without a tokenizer (token ids only). Returns {tensor: type}. A 4-bit type is
-    llama.cpp's quantiser on the f16 file, as for a hybrid (its f32 tensors kept)."""
+    """A plain teacher of a family that says ``teacher_gguf`` as a GGUF of its family's llama.cpp architecture,
+    without a tokenizer (token ids only): each tensor under the family's llama.cpp name, as its hook stores it, and
+    the tensors its RoPE needs (:class:`~tcal.families.Family`). Returns {tensor: type}. A 4-bit type is llama.cpp's
+    quantiser on the f16 file, as for a hybrid (its f32 tensors kept)."""
     import gguf
 
     if file_type in QUANTISED:
@@ -315,7 +297,8 @@ def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = 
     why = teacher_gguf_blocker(cfg)
     if why:
         raise TcalError(why)
-    arch = families.of(cfg).gguf_architecture
+    fam = families.of(cfg)
+    arch = fam.gguf_architecture
     rope = rope_parameters(cfg)
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -343,19 +326,13 @@ def write_teacher_gguf(teacher, path: Path, file_type: str, *, progress: bool = 
                         leave=False):
         if name == "lm_head.weight" and tied:
             continue
-        if name in _TOP_NAMES:
-            gname = _TOP_NAMES[name]
-        else:
-            parts = name.split(".", 3)
-            if parts[3] not in _TEACHER_LAYER_NAMES:
-                raise TcalError(f"{name}: llama.cpp's {arch} architecture has no tensor for it")
-            gname = f"blk.{parts[2]}.{_TEACHER_LAYER_NAMES[parts[3]]}"
-        t = t.detach().float().cpu()
-        if arch == "llama" and ".attn_q." in gname:
-            t = _interleave_rope_rows(t, H)
-        elif arch == "llama" and ".attn_k." in gname:
-            t = _interleave_rope_rows(t, KV)
+        gname = fam.gguf_name(name)
+        if gname is None:
+            raise TcalError(f"{name}: llama.cpp's {arch} architecture has no tensor for it")
+        t = fam.gguf_stored(gname, t.detach().float().cpu(), cfg)
         qtype = _tensor_type(gname, t, file_type, scaled=False)
         types[gname] = _add(w, gname, t, qtype).name
+    for gname, values in fam.gguf_rope.tensors(cfg, arch).items():
+        types[gname] = _add(w, gname, torch.tensor(values), gguf.GGMLQuantizationType.F32).name
     _write_out(w)
     return types

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 
 from tcal import families
-from tcal.conversion.policy import periodic_interval
 from tcal.conversion.target import LAYOUT_EPS, layout_blocker
-from tcal.families.rope import gguf_rope_blocker, rope_parameters
+from tcal.engines.placement import periodic_interval
+from tcal.families.rope import rope_parameters
 from tcal.utils.errors import TcalError
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
@@ -307,7 +307,7 @@ def check_layout(model, fmt: str = "hf") -> None:
     if why:
         raise TcalError(f"the Qwen3.5 layout cannot express this hybrid: {why}; convert with --target qwen3_5")
     if fmt == "gguf":
-        why = gguf_rope_blocker(rope_parameters(src.base), LLAMA_CPP_ARCH)
+        why = src.family.gguf_rope_blocker(src.base, LLAMA_CPP_ARCH)  # the family's rule for its RoPE
         if why:
             raise TcalError(f"{why}: export --format hf instead")
     eps = src.base.rms_norm_eps

@@ -3,16 +3,36 @@
 A family is a transformers ``model_type`` whose decoder tcal converts. Its entry names the transformers classes, how
 its attention and MLP projections are stored (separate or fused), whether its RMSNorms multiply by ``w`` or by
 ``1 + w``, its llama.cpp architecture, whether the Qwen3.5 layout (``--target qwen3_5``, ``tcal export``) and
-``FastDecoder`` hold it, its tokenizer's pre-tokenizer as llama.cpp names it, and the config of a small random model
-of it (tests, examples). Everything tcal does with a teacher reads these facts here; nothing else names a family.
+``FastDecoder`` hold it, its tokenizer's pre-tokenizer as llama.cpp names it, how a GGUF of it stores its tensors
+and its RoPE (llama.cpp's tensor names, a hook for what llama.cpp stores in another order, :class:`GGUFRope`), the
+public shapes of real models of it (``tcal bench``) and the config of a small random model of it (tests, examples).
+Everything tcal does with a teacher reads these facts here; nothing else names a family.
 
 Torch is imported only by the functions that read a model's tensors, so ``import tcal`` and ``tcal --help`` stay
 light.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from tcal.families.rope import PLAIN_ROPE, GGUFRope, rope_parameters
+
+# llama.cpp's names of the embedding, the final norm and the LM head: the same in every architecture tcal writes
+GGUF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                  "lm_head.weight": "output.weight"}
+# llama.cpp's names of a decoder layer's tensors (blk.N.<name>) where its architecture is of the Llama kind (its
+# converter's tensor map): a family that writes its teachers as GGUFs (teacher_gguf) states its own only where it
+# differs
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -76,8 +96,15 @@ class Family:
     zero_centred_norms: bool = False
     # llama.cpp's general.architecture of a GGUF of this family (llama.cpp writes Mistral as llama); None: no GGUF
     gguf_architecture: str | None = None
-    # tcal writes a plain teacher of this family in that architecture (tcal bench's teacher-llama.cpp row)
+    # tcal writes a plain teacher of this family in that architecture (tcal bench's teacher-llama.cpp row), with
+    # llama.cpp's name of each layer tensor (transformers' name after model.layers.N.) and, where llama.cpp stores a
+    # tensor otherwise than transformers, a hook (llama.cpp name, tensor, config) -> the tensor as it stores it (its
+    # converter's modify_tensors: Llama's q/k rows in the pairwise RoPE order)
     teacher_gguf: bool = False
+    gguf_layer_names: Mapping[str, str] = field(default_factory=lambda: dict(GGUF_LAYER_NAMES))
+    gguf_tensor: Callable[[str, object, object], object] | None = None
+    # how the GGUFs tcal writes hold its RoPE, a plain teacher's and a hybrid's (plain RoPE only unless it says more)
+    gguf_rope: GGUFRope = PLAIN_ROPE
     # the Qwen3.5 layout holds its decoder layers (two norms per layer, a SiLU MLP, unscaled embeddings): the
     # qwen3_5 target and tcal export; tcal.conversion.target checks the rest (activation, MLP bias, sliding window)
     layout: bool = True
@@ -86,6 +113,9 @@ class Family:
     vision_language: str | None = None
     # the Split regex its tokenizer.json puts before a ByteLevel step -> llama.cpp's pre-tokenizer name
     pre_tokenizers: dict[str, str] = field(default_factory=dict)
+    # real models of it by name: their public config fields (model_type aside), for runs that need a model's shape
+    # but not its weights (tcal.models.shapes, tcal bench --model)
+    shapes: Mapping[str, dict] = field(default_factory=dict)
     # config fields of a small random model from common sizes (vocab_size, hidden_size, ...): what it needs on top
     tiny: Callable[[dict], dict] = dict
 
@@ -128,6 +158,24 @@ class Family:
     def output_projection(self, attn):
         """The attention module's output projection: its input is the per-head context (B, T, H d)."""
         return getattr(attn, self.attention.o)
+
+    def gguf_name(self, name: str) -> str | None:
+        """llama.cpp's name of a plain teacher's tensor (transformers' ``name``) in this family's architecture, or
+        None where that architecture has no such tensor."""
+        if name in GGUF_TOP_NAMES:
+            return GGUF_TOP_NAMES[name]
+        parts = name.split(".", 3)
+        if parts[:2] == ["model", "layers"] and len(parts) == 4 and parts[3] in self.gguf_layer_names:
+            return f"blk.{parts[2]}.{self.gguf_layer_names[parts[3]]}"
+        return None
+
+    def gguf_stored(self, gguf_name: str, tensor, config):
+        """A teacher tensor as llama.cpp stores it under ``gguf_name`` (the family's hook, if it has one)."""
+        return tensor if self.gguf_tensor is None else self.gguf_tensor(gguf_name, tensor, config)
+
+    def gguf_rope_blocker(self, config, arch: str) -> str | None:
+        """Why a GGUF of llama.cpp's architecture ``arch`` cannot hold the RoPE of ``config`` (one line), or None."""
+        return self.gguf_rope.blocker(rope_parameters(config), arch)
 
     def split_fused(self, name: str, tensor) -> list[tuple[str, object]]:
         """A state-dict entry under the separate MLP projections' names: a fused ``gate_up`` tensor becomes its gate

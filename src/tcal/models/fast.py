@@ -165,8 +165,8 @@ def _static_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 def _rms_norm(hidden_states, weight, eps: float):
-    # transformers' Llama/Qwen2/Qwen3/Mistral RMSNorm op for op (same roundings), so that compiled it is
-    # one kernel instead of seven and still the function the eager model computes
+    # transformers' RMSNorm (the w-multiplying kind) op for op (same roundings), so that compiled it is one kernel
+    # instead of seven and still the function the eager model computes
     input_dtype = hidden_states.dtype
     h = hidden_states.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -270,7 +270,7 @@ def runs(config) -> str | None:
 class FastDecoder:
     """Greedy generation on a static cache, each decode step one CUDA-graph replay (on CUDA).
 
-    ``model``: a ``HybridForCausalLM`` or a Llama/Qwen2/Qwen3/Mistral causal LM, in eval mode, on CPU or
+    ``model``: a ``HybridForCausalLM`` or a causal LM of a family it runs (:func:`runs`), in eval mode, on CPU or
     CUDA, in fp32/bf16/fp16. ``max_len``: slots per sequence (prompt + new tokens - 1 must fit).
     ``cuda_graphs``: default on for CUDA. ``pack``: one projection GEMM per GDN layer (a weight copy:
     4-6 H d x hidden per GDN layer). ``fused``: fla's fused GDN step and gated norm where available.
@@ -298,8 +298,8 @@ class FastDecoder:
         layers = model.model.layers
         self.gdn = {i: l.self_attn for i, l in enumerate(layers) if isinstance(l.self_attn, GatedDeltaNet)}
         attn = {i: l.self_attn for i, l in enumerate(layers) if not isinstance(l.self_attn, GatedDeltaNet)}
-        # the window of each sliding attention layer: qwen2 and gemma3 keep it on the module (None unless the
-        # layer slides), mistral reads its config; a window as long as the cache never slides
+        # the window of each sliding attention layer: some families keep it on the module (None unless the layer
+        # slides), others read it from the config; a window as long as the cache never slides
         self.windows = {}
         for i, a in attn.items():
             window = a.sliding_window if hasattr(a, "sliding_window") else getattr(a.config, "sliding_window", None)

@@ -8,7 +8,8 @@ random-weight model of the hybrid's base config: speed does not depend on weight
 Each of ``--rows`` runs at each of ``--contexts`` (see :mod:`tcal.evaluate.speed` for what each row
 measures); ``--batch-sizes`` adds batched decode throughput of the fast rows at ``--batch-context``
 (``max``: the largest batch that fits in free GPU memory); ``--check`` compares the hybrid's
-FastDecoder with the eager hybrid and an fp32 copy. A row the model cannot run (a llama.cpp row of a
+FastDecoder with the eager hybrid and an fp32 copy. The rows are one registry (:mod:`tcal.engines.rows`), each
+naming the model it times and the engine that runs it. A row the model cannot run (a llama.cpp row of a
 hybrid the Qwen3.5 layout cannot hold, a family FastDecoder does not support) is refused before any row
 is timed; a cell that still runs out of memory or fails is recorded with its error and the others go on. Writes ``--out``: bench.json (every cell, the
 settings, versions), bench.md (tables), bench.png (decode and prefill against context).
@@ -18,14 +19,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tcal.engines.rows import BENCH_ROWS, rows_help
 from tcal.models.shapes import SHAPES
 from tcal.utils.config import DeviceArgs, OutArgs, arg
 from tcal.utils.errors import TcalError
 
-# tcal.evaluate.speed.ROWS and the llama.cpp rows, listed here for --help without torch
-ROWS = ("teacher-eager", "teacher-compiled", "hybrid-eager", "teacher-fast", "hybrid-fast", "generate",
-        "teacher-llama.cpp", "hybrid-llama.cpp")
-LLAMA_CPP_ROWS = ("teacher-llama.cpp", "hybrid-llama.cpp")
+ROWS = tuple(BENCH_ROWS)
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # tcal.export.gguf.FILE_TYPES
 BATCHED_DECODE_TOKENS = 32  # timed steps per batched cell
 SHAPE_KEEP = "uniform:25%"  # a shape's hybrid when --keep is not given
@@ -40,12 +39,7 @@ class BenchConfig(DeviceArgs, OutArgs):
                                  f"uniform:K (K a count or a percentage) or auto; default {SHAPE_KEEP} (a saved "
                                  f"hybrid keeps its own)")
     contexts: str = arg("2048,8192,32768", "prompt lengths in tokens, comma-separated")
-    rows: str = arg("teacher-eager,hybrid-eager,teacher-fast,hybrid-fast",
-                    "comma list of: teacher-eager / hybrid-eager (HF forward + DynamicCache), teacher-compiled "
-                    "(HF generate with a compiled StaticCache step; CUDA), teacher-fast / hybrid-fast "
-                    "(tcal FastDecoder), generate (end-to-end HF generate vs FastDecoder.generate on the hybrid), "
-                    "teacher-llama.cpp / hybrid-llama.cpp (both exported to one GGUF layout, run by llama.cpp: "
-                    "pip install 'tcal[gguf]')")
+    rows: str = arg("teacher-eager,hybrid-eager,teacher-fast,hybrid-fast", rows_help())
     decode_tokens: int = arg(128, "greedy decode steps timed after each prefill (generate: new tokens)")
     reps: int = arg(3, "timed runs per cell after one warm-up; the median is reported")
     batch_sizes: str = arg("", "batched decode throughput of the fast rows at --batch-context: comma list of "
@@ -133,9 +127,9 @@ def plan(cfg: BenchConfig) -> Plan:
     batch_sizes = _ints(cfg.batch_sizes, "--batch-sizes", "1,8,32 or max", allow=("max",))
     if any(b != "max" and b < 1 for b in batch_sizes):
         raise TcalError(f"--batch-sizes must be at least 1, got {min(b for b in batch_sizes if b != 'max')}")
-    fast_rows = [r for r in rows if r.endswith("-fast")]
-    if batch_sizes and not fast_rows:
-        raise TcalError("--batch-sizes measures the fast rows: add teacher-fast or hybrid-fast to --rows")
+    if batch_sizes and not any(BENCH_ROWS[r].batched for r in rows):
+        raise TcalError(f"--batch-sizes measures the fast rows: add "
+                        f"{' or '.join(n for n, r in BENCH_ROWS.items() if r.batched)} to --rows")
     if not rows and not cfg.check:
         raise TcalError(f"--rows is empty and --check is off: nothing to measure; choose rows from {', '.join(ROWS)}")
     for flag, n in (("--decode-tokens", cfg.decode_tokens), ("--reps", cfg.reps),
@@ -145,24 +139,23 @@ def plan(cfg: BenchConfig) -> Plan:
     if cfg.num_layers < 0:
         raise TcalError(f"--num-layers must be 0 (the shape's depth) or more, got {cfg.num_layers}")
     resolve_dtype(cfg.dtype)
-    if any(r in LLAMA_CPP_ROWS for r in rows):
-        from tcal.evaluate.llamacpp import module
+    from tcal.engines import get
 
-        module("a llama.cpp row of tcal bench")
+    for row in rows:  # every engine a row needs is installed, before any work
+        get(BENCH_ROWS[row].engine).runner.require(f"row {row} of tcal bench")
     if cfg.threads < 0:
         raise TcalError(f"--threads must be 0 (every core) or more, got {cfg.threads}")
     device = resolve_device(cfg.device)
     on_cuda = device.startswith("cuda")
     if "max" in batch_sizes and not on_cuda:
         raise TcalError("--batch-sizes max searches free GPU memory: it needs CUDA (--device cuda)")
-    if "teacher-compiled" in rows and not on_cuda:
-        raise TcalError("row teacher-compiled (transformers' compiled StaticCache decode) needs CUDA; drop it "
-                        "from --rows on CPU")
+    for row in (r for r in rows if BENCH_ROWS[r].cuda and not on_cuda):
+        raise TcalError(f"row {row} ({BENCH_ROWS[row].how}) needs CUDA; drop it from --rows on CPU")
     shape, values = _model_config(cfg)
     limit = values.get("max_position_embeddings")
     longest = max(contexts + ([cfg.batch_context] if batch_sizes else []))
     # llama.cpp runs past the trained positions (with a warning); a speed row does not read what the model says there
-    if limit and longest > limit and any(r not in LLAMA_CPP_ROWS for r in rows):
+    if limit and longest > limit and any(BENCH_ROWS[r].reads == "tcal" for r in rows):
         flag = "--batch-context" if longest not in contexts else "--contexts"
         raise TcalError(f"{flag} {longest} is beyond {cfg.model}'s max_position_embeddings {limit}; use "
                         f"contexts up to {limit}")
@@ -182,7 +175,7 @@ def plan(cfg: BenchConfig) -> Plan:
         if out_of_range:
             raise TcalError(f"--keep layer {out_of_range[0]} does not exist: {cfg.model} has {layers} layers "
                             f"(0-{layers - 1})")
-    checked = [r for r in rows if r in LLAMA_CPP_ROWS or r.endswith("-fast") or r == "generate"]
+    checked = [r for r in rows if BENCH_ROWS[r].reads != "tcal" or BENCH_ROWS[r].fast_decoder]
     base = _teacher_config(cfg, shape) if checked else None
     for row in checked:  # every row runs, or none is timed
         why = row_blocker(row, base, saved=shape is None)
@@ -206,20 +199,21 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
     """Why ``row`` cannot run on a model whose teacher config is ``base`` (one line), or None, as far as the config
     tells; ``saved``: a saved hybrid (its eps is its own), else a shape (converted here for the layout it fits).
     The weights of a saved hybrid are checked for the llama.cpp layout once loaded (:func:`check_rows_on_weights`)."""
+    from tcal import families
     from tcal.conversion.target import LAYOUT_EPS, layout_blocker
     from tcal.export.gguf import ARCH, teacher_gguf_blocker
-    from tcal.families.rope import gguf_rope_blocker, rope_parameters
     from tcal.models.fast import runs
 
-    if row not in LLAMA_CPP_ROWS:
-        return runs(base)
-    if row == "teacher-llama.cpp":
+    spec = BENCH_ROWS[row]
+    if spec.reads == "tcal":
+        return runs(base) if spec.fast_decoder else None
+    if spec.model == "teacher":  # the teacher as a GGUF of its family's architecture
         return teacher_gguf_blocker(base)
     why = layout_blocker(base)
     if why:
         return (f"{why}; llama.cpp runs a tcal hybrid only in that layout, and this one runs where tcal is "
                 "imported (the eager, fast and generate rows)")
-    why = gguf_rope_blocker(rope_parameters(base), ARCH)
+    why = families.of(base).gguf_rope_blocker(base, ARCH)
     if why:
         return why
     if saved and base.rms_norm_eps != LAYOUT_EPS:
@@ -229,17 +223,18 @@ def row_blocker(row: str, base, *, saved: bool) -> str | None:
 
 
 def check_rows_on_weights(p: Plan, hybrid) -> None:
-    """What the config cannot tell: whether the loaded hybrid's weights fit the layout its llama.cpp row needs
+    """What the config cannot tell: whether the loaded hybrid's weights fit the layout its exported rows need
     (a native hybrid's GDN biases or q/k norms), checked before any row is timed."""
-    if "hybrid-llama.cpp" not in p.rows or hybrid is None:
-        return
     from tcal.export.qwen3_5 import check_layout
 
-    try:
-        check_layout(hybrid, "gguf")
-    except TcalError as e:
-        raise TcalError(f"row hybrid-llama.cpp cannot run this hybrid: {e}, or drop hybrid-llama.cpp from --rows") \
-            from None
+    for row in p.rows:
+        spec = BENCH_ROWS[row]
+        if spec.model != "hybrid" or spec.reads == "tcal" or hybrid is None:
+            continue
+        try:
+            check_layout(hybrid, spec.reads)
+        except TcalError as e:
+            raise TcalError(f"row {row} cannot run this hybrid: {e}, or drop {row} from --rows") from None
 
 
 def build_models(cfg: BenchConfig, p: Plan) -> tuple:
@@ -256,8 +251,8 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
     from tcal.utils.runtime import resolve_dtype
 
     dtype = resolve_dtype(cfg.dtype)
-    need_teacher = any(r.startswith("teacher") for r in p.rows)
-    need_hybrid = cfg.check or any(not r.startswith("teacher") for r in p.rows)
+    need_teacher = any(BENCH_ROWS[r].model == "teacher" for r in p.rows)
+    need_hybrid = cfg.check or any(BENCH_ROWS[r].model == "hybrid" for r in p.rows)
     if p.shape is not None:
         teacher = random_model(p.shape, dtype=dtype, device=p.device, attn_implementation="sdpa",
                                num_layers=cfg.num_layers)
@@ -318,11 +313,11 @@ def run(cfg: BenchConfig) -> dict:
         result = {"settings": settings, "environment": speed.environment(p.device), "model": about, "rows": [],
                   "batched": [], "check": None, "weight_read_floor": _floors(speed, about.pop("weight_bytes"))}
         max_cache = max(p.contexts) + cfg.decode_tokens + 16  # one StaticCache size: one compile for every context
-        fast_rows = [r for r in p.rows if r.endswith("-fast")]
-        cells = [(name, ctx) for ctx in p.contexts for name in p.rows if name not in LLAMA_CPP_ROWS]
-        gguf_rows = [r for r in p.rows if r in LLAMA_CPP_ROWS]
-        batched = [(name, b) for b in p.batch_sizes for name in fast_rows]
-        bar = tqdm(total=len(cells) + len(batched) + len(gguf_rows) + int(cfg.check), desc="bench", unit="cell",
+        cells = [(name, ctx) for ctx in p.contexts for name in p.rows if BENCH_ROWS[name].reads == "tcal"]
+        exported = [r for r in p.rows if BENCH_ROWS[r].reads != "tcal"]
+        batched = [(name, b) for b in p.batch_sizes for name in p.rows if BENCH_ROWS[name].batched]
+        models = {"teacher": teacher, "hybrid": hybrid}
+        bar = tqdm(total=len(cells) + len(batched) + len(exported) + int(cfg.check), desc="bench", unit="cell",
                    disable=not cfg.progress)
         try:
             if cfg.check:
@@ -336,7 +331,7 @@ def run(cfg: BenchConfig) -> dict:
                 bar.update()
             for name, ctx in cells:
                 bar.set_postfix_str(f"{name} @ {ctx}")
-                model = teacher if name.startswith("teacher") else hybrid
+                model = models[BENCH_ROWS[name].model]
                 row = speed.measure_row(name, model, ctx, decode_tokens=cfg.decode_tokens, reps=cfg.reps,
                                         compiled_cache_len=max_cache)
                 if "error" in row:
@@ -345,15 +340,15 @@ def run(cfg: BenchConfig) -> dict:
                 bar.update()
             for name, b in batched:
                 bar.set_postfix_str(f"{name} B={b} @ {cfg.batch_context}")
-                model = teacher if name.startswith("teacher") else hybrid
+                model = models[BENCH_ROWS[name].model]
                 row = speed.batched_row(name, model, cfg.batch_context, b, BATCHED_DECODE_TOKENS)
                 if "error" in row:
                     say(f"{name} batch {b} @ {cfg.batch_context} tokens: {row['error']}")
                 result["batched"].append(row)
                 bar.update()
-            for name in gguf_rows:
+            for name in exported:
                 bar.set_postfix_str(f"{name} @ {', '.join(map(str, p.contexts))}")
-                rows = _llama_cpp_rows(cfg, p, name, teacher if name.startswith("teacher") else hybrid)
+                rows = _export_rows(cfg, p, name, models[BENCH_ROWS[name].model])
                 for row in rows:
                     if "error" in row:
                         say(f"{name} @ {row['context']} tokens: {row['error']}")
@@ -374,28 +369,28 @@ def run(cfg: BenchConfig) -> dict:
     return result
 
 
-def _llama_cpp_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
+def _export_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
     """``model`` written to a GGUF of --gguf-type in a temporary directory (a teacher in llama.cpp's architecture for
-    its family, a hybrid in the Qwen3.5 layout) and timed by llama.cpp at every context (on the GPU when llama.cpp
-    was built with CUDA and --device is cuda); one error row per context if it fails."""
+    its family, a hybrid in the Qwen3.5 layout) and timed by the row's engine at every context (on the GPU where it
+    can and --device is cuda); one error row per context if it fails."""
     import tempfile
     from pathlib import Path
 
+    from tcal.engines import get
     from tcal.evaluate import speed
-    from tcal.evaluate.gguf_speed import gguf_rows
-    from tcal.evaluate.llamacpp import gpu_offload
     from tcal.export.gguf import export_gguf, write_teacher_gguf
 
+    spec = BENCH_ROWS[name]
     try:
-        gpu = -1 if p.device.startswith("cuda") and gpu_offload() else 0
         with tempfile.TemporaryDirectory(prefix="tcal-bench-") as tmp:
-            path = Path(tmp) / f"{name}.gguf"
-            if name.startswith("teacher"):
+            path = Path(tmp) / f"{name}.{spec.reads}"
+            if spec.model == "teacher":
                 write_teacher_gguf(model, path, cfg.gguf_type)
             else:
                 export_gguf(model, path, cfg.gguf_type)
-            return gguf_rows(name, path, p.contexts, decode_tokens=cfg.decode_tokens, reps=cfg.reps,
-                             vocab_size=model.config.vocab_size, threads=cfg.threads or None, gpu_layers=gpu)
+            return get(spec.engine).runner.bench(name, path, p.contexts, decode_tokens=cfg.decode_tokens,
+                                                 reps=cfg.reps, vocab_size=model.config.vocab_size,
+                                                 threads=cfg.threads or None, device=p.device)
     except Exception as e:  # TcalError (a hybrid the layout cannot hold) included: the other rows stand
         return [{"model": name, "context": c, "error": speed.error_line(e)} for c in p.contexts]
 
@@ -535,19 +530,23 @@ def bench_markdown(result) -> str:
 
 def _llama_cpp_section(result) -> list[str]:
     """The hybrid's llama.cpp decode and prefill against the teacher's, beside the KV-cache bound."""
-    from tcal.evaluate.gguf_speed import flat_part, kv_bound
+    from tcal.engines.llamacpp_speed import flat_part, kv_bound
+    from tcal.engines.rows import rows_of
 
-    by = {(r["model"], r["context"]): r for r in result["rows"] if r.get("engine") == "llama.cpp"}
+    pair = {BENCH_ROWS[n].model: n for n in rows_of("llama.cpp")}
+    by = {(r["model"], r["context"]): r for r in result["rows"] if r["model"] in pair.values() and "error" not in r}
     contexts = [c for c in result["settings"]["contexts"]
-                if ("teacher-llama.cpp", c) in by and ("hybrid-llama.cpp", c) in by]
+                if (pair["teacher"], c) in by and (pair["hybrid"], c) in by]
     if not contexts:
         return []
     m, s = result["model"], result["settings"]
     share = len(m["attention_layers"]) / m["num_layers"]
-    t = {c: by[("teacher-llama.cpp", c)]["decode_ms"] for c in contexts}
-    h = {c: by[("hybrid-llama.cpp", c)]["decode_ms"] for c in contexts}
+    teacher = {c: by[(pair["teacher"], c)] for c in contexts}
+    hybrid = {c: by[(pair["hybrid"], c)] for c in contexts}
+    t = {c: teacher[c]["decode_ms"] for c in contexts}
+    h = {c: hybrid[c]["decode_ms"] for c in contexts}
     bound, flat = kv_bound(t, share), flat_part(h, t, share)
-    first = by[("hybrid-llama.cpp", contexts[0])]
+    first = hybrid[contexts[0]]
     where = "GPU (every layer offloaded)" if first["gpu_layers"] else f"CPU, {first['threads']} threads"
     lines = ["## llama.cpp: hybrid against teacher", "",
              f"{s['gguf_type']} GGUFs of the same weights, the teacher in llama.cpp's architecture for its family and "
@@ -561,8 +560,7 @@ def _llama_cpp_section(result) -> list[str]:
              "teacher prefill (tok/s) | hybrid prefill (tok/s) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in contexts:
         lines.append(f"| {_ctx(c)} | {t[c]:.2f} | {h[c]:.2f} | {t[c] / h[c]:.2f}x | {bound[c]:.2f}x | {flat[c]:.2f} | "
-                     f"{by[('teacher-llama.cpp', c)]['prefill_tok_s']:,.0f} | "
-                     f"{by[('hybrid-llama.cpp', c)]['prefill_tok_s']:,.0f} |")
+                     f"{teacher[c]['prefill_tok_s']:,.0f} | {hybrid[c]['prefill_tok_s']:,.0f} |")
     return lines + [""]
 
 

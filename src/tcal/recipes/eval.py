@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tcal.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
 from tcal.evaluate.task import Progress, TaskArgs
-from tcal.export.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
 from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
 
 

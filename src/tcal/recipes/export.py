@@ -2,7 +2,7 @@
 
 ``--format hf`` writes a ``Qwen3_5ForCausalLM`` checkpoint (config.json, model.safetensors, generation config,
 tokenizer and chat template: the hybrid's own, else its teacher's) that transformers loads without tcal, and that
-vLLM and SGLang serve where their rules allow (:mod:`tcal.export.engines`).
+vLLM and SGLang serve where their rules allow (:mod:`tcal.engines`).
 ``--format gguf`` writes ``model-<type>.gguf`` of llama.cpp's architecture ``qwen35`` with the tokenizer inside.
 Both reload what they wrote with that engine and compare its logits with the hybrid's before anything is
 published (``--no-check`` skips it); the report (export.md, export.json) says what was compared, how each
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.export.engines import export_engines
+from tcal.engines import export_engines
 from tcal.utils.config import OutArgs, arg
 from tcal.utils.errors import TcalError
 
@@ -164,7 +164,8 @@ def _load_hybrid(path: str):
 def run(cfg: ExportConfig) -> Path:
     import torch
 
-    from tcal.export import engines, qwen3_5
+    from tcal import engines
+    from tcal.export import qwen3_5
     from tcal.export.gguf import QUANTISED
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.progress import say
@@ -173,7 +174,7 @@ def run(cfg: ExportConfig) -> Path:
     fmt, kind = _options(cfg)
     required = engines.parse_engines(cfg.engines, fmt)
     if fmt == "gguf" and (cfg.check or kind in QUANTISED):  # missing before any work, not after the file is written
-        from tcal.evaluate.llamacpp import module
+        from tcal.engines.llamacpp import module
         from tcal.export.check import CHECK_NEEDS
         from tcal.export.gguf import quantiser_needed
 
@@ -273,7 +274,7 @@ def _write_hf(tmp: Path, src: Path, config: dict, sd: dict, tok, dtype: str) -> 
 
 def export_markdown(cfg: ExportConfig, record: dict, table=(), serve=()) -> str:
     """export.md: what was written and checked, the engine table, and the commands that serve it (``serve``:
-    :func:`tcal.export.engines.serve_commands`)."""
+    :func:`tcal.engines.serve_commands`)."""
     fmt, kind = record["format"], record["type"]
     lines = [f"# tcal export: {record['hybrid']} -> {record['layout']} ({fmt}, {kind})", "",
              f"- layers: {record['layer_types'].count('linear_attention')} Gated DeltaNet, "

@@ -213,8 +213,7 @@ def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -
     """The teacher's greedy answer to every task (up to the end of its first code block; None where it did not
     finish one), appended to ``log`` after every batch and read back from it on a resumed run."""
     from tcal.data.instruct import end_of_turn_id, prompt_text
-    from tcal.evaluate.generate import generate_greedy
-    from tcal.evaluate.humaneval import default_batch_size
+    from tcal.engines.tcal_generate import default_batch_size, generate_greedy
 
     done: dict = {}
     if log.is_file():

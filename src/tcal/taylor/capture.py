@@ -22,7 +22,7 @@ def decoder_layers(teacher) -> Sequence:
     try:
         return teacher.model.layers
     except AttributeError:
-        raise TcalError("the teacher has no model.layers; tcal supports Llama/Qwen2/Qwen3/Mistral decoders") from None
+        raise TcalError(f"the teacher has no model.layers; tcal converts {families.supported()} decoders") from None
 
 
 def check_layers(teacher, layers: Sequence[int] | None) -> list[int]:

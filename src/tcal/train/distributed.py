@@ -109,17 +109,6 @@ def init_from_env(device: str, timeout_minutes: float = 30.0) -> World:
                  initialised=True, owner=created)
 
 
-def current_world(device: str = "cpu") -> World:
-    """The world of an already initialised process group (rank 0 of 1 without one)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return World(device=device)
-    local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-    return World(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device,
-                 initialised=True)
-
-
 def destroy(world: World) -> None:
     """End the process group that :func:`init_from_env` created (one created by the caller stays)."""
     import torch.distributed as dist
@@ -366,12 +355,6 @@ def teacher_placement(placement: str, weights: int, memory: int | None) -> str:
     if memory is None:
         return "replicate"
     return "replicate" if weights <= REPLICATE_MAX_FRACTION * memory else "shard"
-
-
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 _FULL = dict(full_state_dict=True, cpu_offload=True)

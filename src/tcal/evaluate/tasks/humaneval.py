@@ -30,7 +30,7 @@ class HumanEval(Task):
         if len(self.specs) > 1:
             raise TcalError(f"humaneval is named {len(self.specs)} times in --tasks; name it once")
         self.limit = self.specs[0].count
-        self.problems = self.answers = self.digest = self.tokenizer = self.style = self.gguf = None
+        self.problems = self.answers = self.digest = self.tokenizer = self.style = self.source = None
 
     @property
     def given(self) -> str:
@@ -42,8 +42,16 @@ class HumanEval(Task):
         return self.options[:6] if self.given else super().reads
 
     @property
+    def engine(self):
+        """The engine that generates (:mod:`tcal.engines`), or None for answers generated elsewhere."""
+        from tcal.engines import get
+
+        return None if self.given else get(self.opts.engine)
+
+    @property
     def uses_model(self) -> bool:
-        return self.opts.engine == "tcal" and not self.given
+        # an engine that runs what tcal loads generates with the command's model; another opens its own file
+        return self.engine is not None and self.engine.reads == "tcal"
 
     @property
     def run_name(self) -> str:
@@ -65,11 +73,8 @@ class HumanEval(Task):
             if value is not None and value < 1:
                 raise TcalError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         Limits(timeout_s=o.timeout, memory_mb=o.memory_mb).check()
-        llama = not self.given and o.engine == "llama.cpp"
-        if llama:
-            from tcal.evaluate.llamacpp import module
-
-            module("--engine llama.cpp")  # before any download
+        if self.engine is not None:
+            self.engine.runner.require(f"--engine {o.engine}")  # before any download
         every = load_problems(o.problems or None)
         self.problems = every[:self.limit] if self.limit else every
         if o.problems:
@@ -80,8 +85,8 @@ class HumanEval(Task):
         if self.given:
             self.answers = load_completions(o.completions, self.problems,
                                             left_out=[p.task_id for p in every[len(self.problems):]])
-        if llama:
-            self.gguf = gguf_of(o.model)
+        if self.engine is not None:
+            self.source = self.engine.runner.locate(o.model)  # a GGUF for llama.cpp; tcal runs the loaded model
 
     def prepare(self, model, tokenizer, teacher=None) -> None:
         from tcal.evaluate.humaneval import prompt_style
@@ -138,42 +143,28 @@ class HumanEval(Task):
             settings = {"completions": o.completions, "problems_sha256": self.digest, "prompt_style": style}
             answers = self.answers
         else:
-            load_s = progress.load_s
-            if o.engine == "llama.cpp":
-                from tcal.evaluate.gguf_generate import open_gguf
-
-                t0 = time.perf_counter()
-                model, tokenizer = open_gguf(self.gguf, threads=o.threads)
-                load_s = time.perf_counter() - t0
-                where = f"llama.cpp (llama-cpp-python), {self.gguf.name}"
-            else:
-                where = f"tcal (transformers), {o.dtype} on {o.device}"
-            batch = o.batch_size or (H.default_batch_size(model) if o.engine == "tcal" else 1)
+            t0 = time.perf_counter()
+            gen = self.engine.runner.open(model if self.uses_model else self.source, tokenizer, threads=o.threads,
+                                          batch_size=o.batch_size)
+            load_s = progress.load_s if self.uses_model else time.perf_counter() - t0
+            where, tokenizer = gen.where, gen.tokenizer
             style = H.prompt_style(tokenizer, o.prompt_style)
             prompts = [H.build_prompt(p, tokenizer, style) for p in problems]
             settings = {"model": o.model, "engine": o.engine, "problems_sha256": self.digest,
-                        "prompt_style": style, "max_new_tokens": room, "dtype": o.dtype if o.engine == "tcal" else None}
+                        "prompt_style": style, "max_new_tokens": room, "dtype": o.dtype if self.uses_model else None}
             state = progress.resume(settings)
             state.setdefault("completions", {})
             todo = [i for i, p in enumerate(problems) if p.task_id not in state["completions"]]
             t0 = time.perf_counter()
-            try:
+            with gen:
                 # answers in chunks, each kept once generated: an interrupted run loses at most one chunk
-                step = batch if o.engine == "tcal" else 8
-                for s in range(0, len(todo), step):
-                    chunk = todo[s:s + step]
-                    if o.engine == "tcal":
-                        got = H.generate_tcal(model, tokenizer, [prompts[i] for i in chunk], style,
-                                              max_new_tokens=room, batch_size=batch, progress=o.progress)
-                    else:
-                        got = H.generate_llama_cpp(model, [prompts[i] for i in chunk], style, max_new_tokens=room,
-                                                   progress=o.progress)
+                for s in range(0, len(todo), gen.chunk):
+                    chunk = todo[s:s + gen.chunk]
+                    got = gen.generate([prompts[i] for i in chunk], H.stops(style), max_new_tokens=room,
+                                       progress=o.progress, desc="humaneval")
                     state["completions"].update({problems[i].task_id: c for i, c in zip(chunk, got)})
                     progress.save(f"humaneval: {len(state['completions'])}/{len(problems)} answers written "
                                   f"({time.perf_counter() - t0:.0f} s)")
-            finally:
-                if o.engine == "llama.cpp":
-                    model.close()
             gen_s = time.perf_counter() - t0
             answers = [state["completions"][p.task_id] for p in problems]
         t0 = time.perf_counter()
@@ -240,32 +231,6 @@ class HumanEval(Task):
         lines += [f"| {r['task_id']} | {'yes' if r['passed'] else 'no'} | {r['reason'].replace('|', '/')} |"
                   for r in results]
         return "\n".join(lines) + "\n"
-
-
-def gguf_of(model: str):
-    """The GGUF that ``--engine llama.cpp`` runs for MODEL: the file, the one .gguf in a directory (a ``tcal export
-    --format gguf`` output), or a built-in teacher's own (quantised) GGUF."""
-    from pathlib import Path
-
-    from tcal.data.corpora import path_exists
-    from tcal.data.teachers import BUILTIN_TEACHERS, builtin_gguf_path
-
-    if model in BUILTIN_TEACHERS:
-        return builtin_gguf_path(model)
-    path = Path(model).expanduser()
-    if path_exists(model) and path.is_file():
-        if path.suffix.lower() != ".gguf":
-            raise TcalError(f"--engine llama.cpp runs a GGUF, and {model} is not a .gguf file")
-        return path
-    if path_exists(model) and path.is_dir():
-        found = sorted(path.glob("*.gguf"))
-        if len(found) == 1:
-            return found[0]
-        if found:
-            raise TcalError(f"{model} holds {len(found)} GGUF files ({', '.join(f.name for f in found)}); pass one "
-                            "of them")
-    raise TcalError(f"--engine llama.cpp runs a GGUF: pass a .gguf file, a tcal export --format gguf directory or "
-                    f"a built-in teacher, not {model!r} (convert a hybrid with tcal export --format gguf first)")
 
 
 TASK = HumanEval

@@ -1,7 +1,5 @@
-"""The engines that run tcal's models, one :class:`Engine` each: its name, what it reads, how tcal checks it, what it
-cannot run (its rule: which exports it runs as the hybrid, which with rounding, and how much, which not, and why) and
-the command that serves an export with it. ``tcal export`` writes the table of the format's engines; ``tcal eval
---engine`` takes the engines that generate (``tcal`` itself and llama.cpp).
+"""How each engine that runs exports runs a given export: its rule (:class:`~tcal.engines.engine.EngineRow`: exactly,
+with rounding and how much, or cannot and why) and the command that serves it.
 
 The rules come from the engines' released code (vLLM 0.34.0, SGLang 0.5.23, FlashInfer 0.7; docs/serving.md cites
 the files) and from what tcal's tests run (transformers, llama.cpp):
@@ -19,52 +17,14 @@ the files) and from what tcal's tests run (transformers, llama.cpp):
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from tcal.engines.engine import CANNOT, EXACT, ROUNDING, EngineRow, Facts
+from tcal.engines.placement import interval_layers
 
-from tcal.conversion.policy import interval_layers
-
-EXACT, ROUNDING, CANNOT = "exactly", "with rounding", "cannot"
 VLLM_VERSIONS = "vLLM 0.27.0-0.34.0 (read: 0.27.0, 0.34.0)"
 SGLANG_VERSIONS = "SGLang 0.5.17-0.5.23 (read: 0.5.17, 0.5.23)"
 # the GDN head size FlashInfer's Hopper (SM90) prefill kernel takes (flashinfer/gdn_kernels/delta_rule_dsl/
 # delta_rule_sm90.py: "DSL kernel only supports D=128")
 FLASHINFER_SM90_HEAD = 128
-
-
-@dataclass
-class Facts:
-    """What the engine rules read of an export."""
-    fmt: str  # hf or gguf
-    kind: str  # hf: float32 / bfloat16; gguf: the file type
-    layer_types: list[str]
-    interval: int | None  # the period when the placement is Qwen3.5's own, else None
-    qkv_bias: bool  # the kept attention layers carry q/k/v biases
-    o_bias: bool  # ... and a nonzero o_proj bias
-    linearised: bool  # some kept attention layer's q/k norm is the linearised one (tiny scaled weights)
-    gdn_head_dim: int
-
-    @classmethod
-    def of(cls, layout, fmt: str, kind: str) -> Facts:
-        cfg, sd = layout.config, layout.state_dict
-        o_bias = any(k.endswith("self_attn.o_proj.bias") and bool(v.ne(0).any()) for k, v in sd.items())
-        return cls(fmt, kind, list(cfg["layer_types"]), cfg.get("full_attention_interval"), bool(cfg["qkv_bias"]),
-                   o_bias, bool(layout.scaled), int(cfg["linear_key_head_dim"]))
-
-    @property
-    def attention_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t != "linear_attention"]
-
-
-@dataclass
-class EngineRow:
-    engine: str  # the engine's name as people write it
-    versions: str
-    runs: str  # EXACT, ROUNDING or CANNOT
-    how: str  # the settings it needs and the rounding, or why it cannot
-
-    def line(self) -> str:
-        return f"{self.engine} {self.runs}: {self.how}"
 
 
 def _rounding(check: dict | None, key: str = "") -> str:
@@ -142,96 +102,18 @@ def llama_cpp_row(f: Facts, check: dict | None) -> EngineRow:
     return EngineRow("llama.cpp", versions, ROUNDING, f"{f.kind} tensors ({_rounding(check)})")
 
 
-def _serve_transformers(out: str, f: Facts) -> str:
+def serve_transformers(out: str, f: Facts) -> str:
     return f"python -c \"import transformers as t; m = t.AutoModelForCausalLM.from_pretrained('{out}')\""
 
 
-def _serve_vllm(out: str, f: Facts) -> str:
+def serve_vllm(out: str, f: Facts) -> str:
     backend = " --gdn-prefill-backend triton   # on H100/H200" if f.gdn_head_dim != FLASHINFER_SM90_HEAD else ""
     return f"vllm serve {out}{backend}"
 
 
-def _serve_sglang(out: str, f: Facts) -> str:
+def serve_sglang(out: str, f: Facts) -> str:
     return f"python -m sglang.launch_server --model-path {out}" + (" --dtype bfloat16" if f.kind == "float32" else "")
 
 
-def _serve_llama_cpp(out: str, f: Facts) -> str:
+def serve_llama_cpp(out: str, f: Facts) -> str:
     return f"llama-server -m {out}/model-{f.kind}.gguf"
-
-
-@dataclass(frozen=True)
-class Engine:
-    key: str  # what --engines and --engine take
-    name: str  # as reports write it
-    reads: str  # what it runs: "hf" or "gguf" (a tcal export of that format), or "tcal" (what tcal loads)
-    checked: str  # how tcal checks that it runs what it is given
-    rule: Callable[[Facts, dict | None], EngineRow] | None = None  # how it runs an export (None: not an export engine)
-    serve: Callable[[str, Facts], str] | None = None  # the command that serves an export written to a directory
-    generates: bool = False  # tcal eval --engine generates with it (HumanEval)
-
-
-ENGINES: dict[str, Engine] = {e.key: e for e in (
-    Engine("tcal", "tcal", "tcal", "the model as tcal loads it (transformers with tcal's classes): every test",
-           generates=True),
-    Engine("transformers", "transformers", "hf", "tcal export reloads the checkpoint in transformers and compares "
-           "logits (float32 and bfloat16) and tokenisation; the tests do so in a process without tcal",
-           transformers_row, _serve_transformers),
-    Engine("vllm", "vLLM", "hf", "its config code run by the tests on exported config.json files; its kernels and "
-           "weight loader read, not run (they need a GPU)", vllm_row, _serve_vllm),
-    Engine("sglang", "SGLang", "hf", "likewise: its config code run, its kernels and weight loader read",
-           sglang_row, _serve_sglang),
-    Engine("llama.cpp", "llama.cpp", "gguf", "tcal export reloads the GGUF in llama.cpp (llama-cpp-python, through "
-           "tcal.evaluate.llamacpp) and compares logits and tokenisation", llama_cpp_row, _serve_llama_cpp,
-           generates=True),
-)}
-# tcal eval --engine
-GENERATING = tuple(k for k, e in ENGINES.items() if e.generates)
-
-
-def export_engines(fmt: str) -> list[Engine]:
-    """The engines that run an export of format ``fmt``, in the order reports list them."""
-    return [e for e in ENGINES.values() if e.reads == fmt and e.rule is not None]
-
-
-def engine_table(layout, fmt: str, kind: str, check: dict | None = None) -> list[EngineRow]:
-    """The engines of the format and how each runs the export."""
-    f = Facts.of(layout, fmt, kind)
-    return [e.rule(f, check) for e in export_engines(fmt)]
-
-
-def serve_commands(layout, fmt: str, kind: str, out: str) -> list[str]:
-    """The command of each engine that can run the export written to ``out``."""
-    f = Facts.of(layout, fmt, kind)
-    return [e.serve(out, f) for e in export_engines(fmt) if e.rule(f, None).runs != CANNOT]
-
-
-def table_record(rows: list[EngineRow]) -> list[dict]:
-    return [asdict(r) for r in rows]
-
-
-def parse_engines(spec: str, fmt: str) -> list[Engine]:
-    """'vllm,sglang' -> the engines; a TcalError for a name the format has no engine of."""
-    from tcal.utils.errors import TcalError
-
-    names = [s.strip().lower() for s in spec.split(",") if s.strip()]
-    every = [e for e in ENGINES.values() if e.rule is not None]
-    out = []
-    for n in names:
-        engine = ENGINES.get(n)
-        if engine is None or engine.rule is None:
-            raise TcalError(f"--engines {spec}: --format {fmt} is not for {n}; the engines are "
-                            f"{', '.join(e.key for e in every)}")
-        if engine.reads != fmt:
-            raise TcalError(f"--engines {spec}: --format {fmt} is not for {n}; {n} runs --format {engine.reads}")
-        out.append(engine)
-    return out
-
-
-def required_blocker(layout, fmt: str, kind: str, engines: list[Engine]) -> str | None:
-    """The first engine of ``engines`` that cannot run the export, as one line, or None."""
-    f = Facts.of(layout, fmt, kind)
-    for e in engines:
-        row = e.rule(f, None)
-        if row.runs == CANNOT:
-            return f"{row.engine} cannot run this hybrid: {row.how}"
-    return None

@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 
-from tcal.evaluate.llamacpp import load
+from tcal.engines.llamacpp import load
 
 
 def decode_ms(llm, tokens) -> float:

@@ -1,9 +1,10 @@
 """The engines as objects: every engine an export names has a rule and a serve command, --engines and --engine take
-their keys, and the serve commands follow each engine's verdict on the export."""
+their keys, and the serve commands follow each engine's verdict on the export (the generating engines:
+test_generating_engines.py)."""
 import pytest
 from helpers import target_hybrid
 
-from tcal.export import engines
+from tcal import engines
 from tcal.export.qwen3_5 import to_qwen3_5
 from tcal.utils.errors import TcalError
 
@@ -41,3 +42,33 @@ def test_serve_commands_follow_the_verdicts():
     assert engines.required_blocker(other, "hf", "float32", engines.parse_engines("sglang", "hf")).startswith(
         "SGLang cannot run this hybrid: it places attention by full_attention_interval alone")
     assert engines.serve_commands(other, "gguf", "q8_0", "out") == ["llama-server -m out/model-q8_0.gguf"]
+
+
+def test_a_new_engine_from_the_docs(monkeypatch):
+    """docs/extending.md, *Adding an engine*, followed: the page's example engine, put in ENGINES, is in the engine
+    table, --engines and the serve commands of an export, as its verdicts say."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    code = re.search(r"```python\n(# tcal/engines/__init__\.py: one more entry.*?)```",
+                     page[page.index("## Adding an engine"):], re.S).group(1)
+    scope = {}
+    exec(compile(code, "docs/extending.md", "exec"), scope)
+    engine = scope["MYSERVE"]
+    monkeypatch.setitem(engines.ENGINES, engine.key, engine)
+    assert engines.export_engines("hf")[-1] is engine and not engine.generates
+    assert engines.parse_engines("myserve", "hf") == [engine]
+    plain = to_qwen3_5(target_hybrid("llama", keep=(1, 3))[0])
+    row = engines.engine_table(plain, "hf", "float32")[-1]
+    assert (row.engine, row.runs, row.how) == ("myserve", engines.ROUNDING, "bfloat16 weights")
+    assert engines.serve_commands(plain, "hf", "float32", "out")[-1] == "myserve --model out"
+    from helpers import tiny_teacher
+
+    import tcal
+
+    biased = to_qwen3_5(tcal.convert(tiny_teacher("llama", attention_bias=True), keep=[0, 2], init="copy",
+                                     target="qwen3_5"))
+    assert engines.required_blocker(biased, "hf", "float32", [engine]) == (
+        "myserve cannot run this hybrid: its attention has no o_proj bias")
+    assert "myserve --model out" not in engines.serve_commands(biased, "hf", "float32", "out")

@@ -2,8 +2,8 @@
 
 Every use goes through :func:`module` (the import, or a one-line error saying what needs it and how to install it)
 and :func:`load` (a ``llama_cpp.Llama`` on a GGUF, llama.cpp's own log lines off, a file it cannot load a one-line
-error): the export's check, HumanEval's ``--engine llama.cpp``, tcal bench's llama.cpp rows, the quantiser, the
-benchmarks and the tests.
+error): the export's check, the llama.cpp engine's generation (``--engine llama.cpp``) and timing (tcal bench's
+llama.cpp rows), the quantiser, the benchmarks and the tests.
 """
 from __future__ import annotations
 

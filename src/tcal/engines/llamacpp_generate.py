@@ -1,4 +1,5 @@
-"""Greedy generation of a GGUF in llama.cpp (``llama-cpp-python``), prompted the way tcal prompts a model.
+"""Greedy generation of a GGUF in llama.cpp (``llama-cpp-python``), prompted the way tcal prompts a model: the
+llama.cpp engine's :class:`~tcal.engines.engine.Generator`.
 
 The GGUF is the whole model as llama.cpp users run it: weights, tokenizer and chat template. :class:`GGUFTemplate`
 renders that chat template the way transformers renders a tokenizer's (the same Jinja settings), so a teacher's
@@ -8,7 +9,9 @@ as such by llama.cpp's own tokenizer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+from tcal.engines.engine import Generator
 from tcal.utils.errors import TcalError
 
 
@@ -43,7 +46,7 @@ class GGUFTemplate:
 
 def open_gguf(path, *, n_ctx: int = 4096, threads: int | None = None, gpu_layers: int = 0):
     """(llama.cpp model, its :class:`GGUFTemplate`)."""
-    from tcal.evaluate.llamacpp import load
+    from tcal.engines.llamacpp import load
 
     llm = load(path, n_ctx, purpose="--engine llama.cpp", threads=threads, gpu_layers=gpu_layers)
 
@@ -68,3 +71,25 @@ def generate_gguf(llm, prompts: Sequence[str], stops: Sequence[str], *, max_new_
         r = llm.create_completion(prompt=ids, max_tokens=room, temperature=0.0, top_k=1, stop=list(stops))
         outs.append(r["choices"][0]["text"])
     return outs
+
+
+class LlamaCppGenerator(Generator):
+    """A GGUF opened in llama.cpp: prompts one at a time (llama.cpp batches a prompt's tokens, not prompts)."""
+
+    chunk = 8
+
+    def __init__(self, llm, template: GGUFTemplate, where: str):
+        self.llm, self.tokenizer, self.where = llm, template, where
+
+    @classmethod
+    def open(cls, path, *, threads: int | None = None, gpu_layers: int = 0) -> LlamaCppGenerator:
+        llm, template = open_gguf(path, threads=threads, gpu_layers=gpu_layers)
+        return cls(llm, template, f"llama.cpp (llama-cpp-python), {Path(path).name}")
+
+    def generate(self, prompts: Sequence[str], stops: Sequence[str], *, max_new_tokens: int, progress: bool = False,
+                 desc: str = "generate") -> list[str]:
+        return generate_gguf(self.llm, prompts, stops, max_new_tokens=max_new_tokens, progress=progress,
+                             desc=f"{desc} (llama.cpp)")
+
+    def close(self) -> None:
+        self.llm.close()

@@ -1,6 +1,7 @@
-"""Greedy generation for the generation-scored evaluations (retrieval, HumanEval): batched, left-padded, cached,
-and a row of a batch stops as soon as its continuation is done by the caller's test (an answer found, a stop
-sequence written), so that no row pays for its batch's longest answer more than it must."""
+"""Greedy generation of a model as tcal loads it (transformers with tcal's classes): the ``tcal`` engine's
+:class:`~tcal.engines.engine.Generator`, and what retrieval and the instruct data generate with. Batched,
+left-padded, cached, and a row of a batch stops as soon as its continuation is done by the caller's test (an answer
+found, a stop sequence written), so that no row pays for its batch's longest answer more than it must."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -9,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from tcal.engines.engine import Generator
 from tcal.utils.runtime import model_device
 
 # done(i, text) -> whether prompt i's continuation ``text`` (decoded, special tokens dropped) is complete
@@ -81,3 +83,41 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     finally:
         model.train(was_training)
     return outs
+
+
+def end_of_turn(tokenizer) -> list[int] | None:
+    """The ids that end an instruct model's answer: its EOS and, where the chat template has one, its
+    end-of-turn token (``<|im_end|>``, ``<end_of_turn>``)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for tok in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>"):
+        i = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return sorted(ids) or None
+
+
+def default_batch_size(model) -> int:
+    """Prompts generated together: 16 on a CPU (larger batches stop paying there), 128 on a GPU."""
+    return 16 if model_device(model).type == "cpu" else 128
+
+
+class TcalGenerator(Generator):
+    """A model tcal loaded: prompts of similar length are generated together, ``batch_size`` at a time, each row
+    stopping at its first stop sequence or the tokenizer's end of turn."""
+
+    def __init__(self, model, tokenizer, batch_size: int):
+        p = next(model.parameters())
+        self.model, self.tokenizer, self.chunk = model, tokenizer, batch_size
+        self.where = f"tcal (transformers), {str(p.dtype).removeprefix('torch.')} on {p.device}"
+
+    def generate(self, prompts: Sequence[str], stops: Sequence[str], *, max_new_tokens: int, progress: bool = False,
+                 desc: str = "generate") -> list[str]:
+        tok = self.tokenizer
+        order = sorted(range(len(prompts)), key=lambda i: len(tok(prompts[i], add_special_tokens=False)["input_ids"]))
+        outs = generate_greedy(self.model, tok, [prompts[i] for i in order], max_new_tokens, batch_size=self.chunk,
+                               progress=progress, desc=desc, done=lambda i, text: any(s in text for s in stops),
+                               eos_token_id=end_of_turn(tok))
+        result = [""] * len(prompts)
+        for i, o in zip(order, outs):
+            result[i] = o
+        return result

@@ -2,7 +2,7 @@
 import pytest
 from helpers import block_import
 
-from tcal.evaluate import llamacpp
+from tcal.engines import llamacpp
 from tcal.utils.errors import TcalError
 
 
