@@ -9,7 +9,9 @@ function, then the answer's program that redefines it: the same program and test
 ``tcal eval --completions`` scores). Each round scores the second form with the ``--before`` tree, then with the
 ``--after`` tree, back to back; then the ``--after`` tree scores the answers as written once. Each run's
 ``run_programs`` seconds, programs per second and pass count go to ``DIR/timings.json``, and each run's report, its
-answers left out (they are the saved ones), to ``DIR/reports/``.
+answers left out (they are the saved ones), to ``DIR/reports/``. What the namespaces themselves cost: the
+``--after`` tree runs ``--trivial`` one-line programs (two at a time, as tcal eval does) in namespaces and with the
+process guards only, alternating, ``--rounds`` times.
 """
 from __future__ import annotations
 
@@ -56,12 +58,34 @@ def score(tree: Path, samples_file: Path, out: Path, *extra: str) -> dict:
             "problems": report["problems"], "command_s": wall}
 
 
+_TRIVIAL = r"""
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from tcal.evaluate import sandbox as S
+n, namespaces = int(sys.argv[1]), sys.argv[2] == "1"
+assert S.isolation()["namespaces"] or not namespaces
+t0 = time.perf_counter()
+with S.shielded(), ThreadPoolExecutor(2) as pool:
+    outs = list(pool.map(lambda _: S._launch("x = 1", S.Limits(), None, None, namespaces=namespaces), range(n)))
+assert all(o.passed and o.guards["namespaces"] == namespaces for o in outs)
+print(json.dumps(n / (time.perf_counter() - t0)))
+"""
+
+
+def trivial(tree: Path, n: int, namespaces: bool) -> float:
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _TRIVIAL, str(n), str(int(namespaces))], env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--answers", type=Path, required=True, help="a humaneval.json of an instruct model's answers")
     ap.add_argument("--before", type=Path, required=True, help="the src/ of the tcal to compare against")
     ap.add_argument("--after", type=Path, required=True, help="the src/ of the tcal measured")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trivial", type=int, default=100, help="one-line programs per round of the namespaces' cost")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     (args.out / "reports").mkdir(parents=True, exist_ok=True)
@@ -75,6 +99,13 @@ def main() -> None:
                 runs.append({"side": side, "round": n, "form": "whole programs", **got})
                 print(f"round {n} {side}: {got['programs_per_s']:.2f} programs/s, {got['passed']}/{got['problems']}",
                       flush=True)
+        cost = []
+        for n in range(1, args.rounds + 1):
+            for namespaces in (True, False):
+                rate = trivial(args.after.resolve(), args.trivial, namespaces)
+                cost.append({"round": n, "isolation": "namespaces" if namespaces else "process guards",
+                             "programs": args.trivial, "programs_per_s": rate})
+                print(f"round {n} one-line programs, {cost[-1]['isolation']}: {rate:.2f} programs/s", flush=True)
         got = score(args.after.resolve(), chat, work / "after-chat", "--prompt-style", "chat")
         runs.append({"side": "after", "round": None, "form": "as written (--prompt-style chat)", **got})
         print(f"after, as written: {got['passed']}/{got['problems']}; {got['first_line']}", flush=True)
@@ -89,7 +120,8 @@ def main() -> None:
     summary = {"answers": str(args.answers), "before": str(args.before), "after": str(args.after),
                "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                            "kernel": platform.release(), "python": platform.python_version()},
-               "runs": runs, "median_programs_per_s": {s: sorted(v)[len(v) // 2] for s, v in rate.items()}}
+               "runs": runs, "median_programs_per_s": {s: sorted(v)[len(v) // 2] for s, v in rate.items()},
+               "namespaces_cost": cost}
     summary["after_over_before"] = summary["median_programs_per_s"]["after"] / summary["median_programs_per_s"]["before"]
     (args.out / "timings.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"median programs/s: before {summary['median_programs_per_s']['before']:.2f}, after "
