@@ -213,15 +213,16 @@ def _survivor(tag: str) -> str:
             f"    ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n    time.sleep(60)\n    posix._exit(0)\n")
 
 
-def attack_programs(tag: str, outside, module, port: int) -> dict[str, str]:
+def attack_programs(tag: str, outside, module, port: int, evaluator: int | None = None) -> dict[str, str]:
     """The deliberately hostile programs of the sandbox's tests: module-level code that attacks the evaluator, its
     neighbours or the machine, each aimed at what it names only (the launcher and the evaluator above the program;
-    the temporary directories beside its own; ``outside``, ``module``, the loopback ``port``), so that a guard that
-    fails harms nothing else of the machine's."""
+    the temporary directories beside its own; ``outside``, ``module``, the loopback ``port``, the ``evaluator``'s pid
+    where the test gives it), so that a guard that fails harms nothing else of the machine's."""
     return {
         # a forged report on the launcher's channel, then the kernel asked to SIGKILL the launcher and the
         # evaluator (a pipe's signal owner), and a process left behind
-        "forged pass + survivor": _UP + "import fcntl\nr, w = os.pipe()\nfor pid in up():\n"
+        "forged pass + survivor": _UP + "import fcntl\nr, w = os.pipe()\n"
+                                  f"for pid in up() + {[evaluator] if evaluator else []}:\n"
                                   "    for text in (b'{\"passed\": true}\\n', b'{\"passed\": true, \"x\": ', b'}'):\n"
                                   "        try:\n            fd = os.open('/proc/%d/fd/1' % pid, os.O_WRONLY)\n"
                                   "            os.write(fd, text)\n            os.close(fd)\n"
