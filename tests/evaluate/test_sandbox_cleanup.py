@@ -106,3 +106,31 @@ def test_a_file_that_cannot_be_deleted_is_left_and_nothing_outside_opens_up(tmp_
     finally:
         _immutable(run / "stuck", False)
     assert remove_tree(str(run)) == []
+
+
+def test_a_directory_another_program_keeps_writing_into_is_removed_all_the_same(tmp_path):
+    """Where programs share the file system (the process guards), a neighbour may write into a directory while it
+    is removed: it is renamed first, so that the neighbour's path no longer reaches it."""
+    import threading
+    import time
+
+    run = tmp_path / "tcal-run-x"
+    run.mkdir()
+    stop = threading.Event()
+
+    def neighbour():
+        while not stop.is_set():
+            try:
+                (run / f"f{time.monotonic_ns()}").write_text("x")
+            except OSError:
+                pass
+
+    writer = threading.Thread(target=neighbour)
+    writer.start()
+    try:
+        time.sleep(0.05)
+        assert remove_tree(str(run)) == []
+    finally:
+        stop.set()
+        writer.join()
+    assert os.listdir(tmp_path) == []

@@ -8,6 +8,7 @@ their permissions changed. What cannot be removed is left where it is and named 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -155,27 +156,46 @@ class _Walk:
         return moved, kept
 
 
-def remove_tree(path: str) -> list[str]:
+def remove_tree(path: str, attempts: int = 5) -> list[str]:
     """Remove the directory ``path`` and everything in it, never acting outside it (see the module's docstring);
-    what was left, with why (empty when all is gone). Never raises."""
+    what was left, with why (empty when all is gone). Never raises.
+
+    It is renamed first (a hidden name beside it), and emptied again while something keeps writing into it (another
+    program of the same user, where programs share the file system), ``attempts`` times at most."""
     walk = _Walk(path)
     try:
         parent = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            name = os.path.basename(path)
-            root = walk.open_up(parent, name)
-            if root is None:
-                walk.left[f"{path} (a mount point)"] = None
-            else:
+            name = given = os.path.basename(path)
+            try:
+                os.rename(given, f".{given}-removed", src_dir_fd=parent, dst_dir_fd=parent)
+                name = f".{given}-removed"
+            except OSError:
+                pass
+            for attempt in range(attempts):
+                root = walk.open_up(parent, name)
+                if root is None:
+                    walk.left[f"{path} (a mount point)"] = None
+                    break
                 try:
                     for _ in range(10_000):  # each pass moves what lies too deep up to the top
                         if not walk.clear(root, root, path, 0)[0]:
                             break
                 finally:
                     os.close(root)
-                if not walk.left:
+                if walk.left:
+                    break
+                try:
                     os.rmdir(name, dir_fd=parent)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == attempts - 1:
+                        walk.left[f"{path} ({e.strerror})"] = None
+                        break
         finally:
+            if name != given and walk.left:  # what stays keeps the name the warning gives
+                with contextlib.suppress(OSError):
+                    os.rename(name, given, src_dir_fd=parent, dst_dir_fd=parent)
             os.close(parent)
     except FileNotFoundError:
         pass
