@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ def _teachers(spec: str) -> list[str]:
     from tcal.data.teacher_table import TEACHERS
 
     names = _names(spec)
+    if not names:
+        raise TcalError(f"--teacher names no teacher; give built-in teachers, comma-separated: {', '.join(TEACHERS)}")
     for n in names:
         if n not in TEACHERS:
             raise TcalError(f"{n!r} is not a built-in teacher; the built-ins are {', '.join(TEACHERS)}")
@@ -67,8 +70,8 @@ def pack(cfg: PackConfig) -> list[Path]:
             raise TcalError(f"--pool {spec}: give NAME=DIR with DIR a token pool (build one with tcal pool --teacher "
                             "TEACHER --out DIR)")
         pools.append((name, Path(path).expanduser()))
-    if cfg.transfer_mb < 2:
-        raise TcalError(f"--transfer-mb must be at least 2, got {cfg.transfer_mb}")
+    if not (cfg.transfer_mb >= 2 and math.isfinite(cfg.transfer_mb)):  # nan compares false with everything
+        raise TcalError(f"--transfer-mb must be a number of MiB of at least 2, got {cfg.transfer_mb}")
     out = check_out(cfg.out, "airgap pack", cfg.overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tcal-pack-") as tmp:

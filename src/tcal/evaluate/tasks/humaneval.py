@@ -87,6 +87,9 @@ class HumanEval(Task):
         from tcal.evaluate.humaneval import prompt_style
 
         self.tokenizer = tokenizer
+        if self.given:  # answers written elsewhere: the style says how to cut them, no tokenizer frames a prompt
+            self.style = "chat" if self.opts.prompt_style == "chat" else "completion"
+            return
         self.style = prompt_style(tokenizer, self.opts.prompt_style)
 
     # -- curve points, ablation rows -----------------------------------------------------------------------------
