@@ -64,8 +64,12 @@ def test_completions_messages_name_the_folder_and_the_tasks_spelling(tmp_path, c
     assert "--limit" not in err
 
 
-def test_kept_answers_of_other_settings_are_refused_not_dropped(workspace, capsys):
-    """Before: a rerun with another --max-new-tokens silently threw the kept answers away."""
+def test_kept_answers_of_other_settings_are_refused_not_dropped(workspace, capsys, monkeypatch):
+    """Before: a rerun with another --max-new-tokens silently threw the kept answers away. Refused before the model
+    loads."""
+    import pytest
+
+    import tcal.data.teachers
     from tcal.utils.partial import Work, partial_dir
 
     problems = workspace / "p.jsonl"
@@ -76,6 +80,7 @@ def test_kept_answers_of_other_settings_are_refused_not_dropped(workspace, capsy
                 "max_new_tokens": 5, "dtype": "float32"}
     kept = {"settings": settings, "completions": {"t/ok": "    return a + b\n"}}
     Work(partial_dir(out), "eval").write_json("humaneval.json", kept)  # an interrupted run's first answer
+    monkeypatch.setattr(tcal.data.teachers, "load_teacher", lambda *a, **k: pytest.fail("the model loaded"))
     one_error(capsys, "humaneval's settings changed (max_new_tokens); rerun with the same settings", "eval",
               workspace / "teacher", "--tasks", "humaneval", "--problems", problems, "--allow-code-execution",
               "--max-new-tokens", "3", "--device", "cpu", "--no-progress", "--out", out)

@@ -292,6 +292,11 @@ class Task:
         """What a resumed ``tcal eval`` must match to reuse kept work (and its report records)."""
         return {"model": self.opts.model, "tasks": join_tasks(self.specs), "dtype": self.opts.dtype}
 
+    def known_settings(self) -> dict:
+        """Those of the settings its kept work records that are known before the model loads (after :meth:`check`):
+        ``tcal eval`` refuses kept work of other settings before loading anything."""
+        return self.settings()
+
     def run(self, model, tokenizer, progress: Progress) -> dict:
         """The whole evaluation for ``tcal eval``, keeping each finished piece through ``progress``."""
         probes = self.probes()

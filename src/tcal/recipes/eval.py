@@ -190,6 +190,10 @@ def run(cfg: EvalConfig):
         kept = {t.name: _kept_state(work, *t.state) for t in built if t.state}
     for t in built:
         t.check()
+        if kept.get(t.name):  # kept work of other settings: refused before anything loads
+            saved = kept[t.name]["settings"]
+            known = {k: v for k, v in t.known_settings().items() if k in saved}
+            _same_settings(work, t, {k: saved[k] for k in known}, known)
     model = tokenizer = None
     load_s = 0.0
     if any(t.uses_model for t in built):
@@ -260,21 +264,27 @@ class _Keep(_Print):
         self.current = None
 
     def resume(self, settings: dict) -> dict:
-        from tcal.utils.errors import TcalError
-        from tcal.utils.partial import differing
-
-        name, key, _ = self.task.state
-        saved = self.kept.get("settings")
-        if self.kept and saved != settings:
-            raise TcalError(f"cannot resume {self.work.path / name}: {self.task.name}'s settings changed "
-                            f"({', '.join(differing(saved, settings))}); rerun with the same settings, or delete "
-                            f"{self.work.path} to start this evaluation over")
+        _, key, _ = self.task.state
+        if self.kept:
+            _same_settings(self.work, self.task, self.kept.get("settings"), settings)
         self.current = self.kept if self.kept else {"settings": settings, key: {}}
         return self.current
 
     def save(self, message: str) -> None:
         self.work.write_json(self.task.state[0], self.current)
         super().save(message)
+
+
+def _same_settings(work, task, saved: dict, now: dict) -> None:
+    """Kept work is reused with the settings it was made with only; other settings are a one-line error, and the
+    kept work stays."""
+    from tcal.utils.errors import TcalError
+    from tcal.utils.partial import differing
+
+    if saved != now:
+        raise TcalError(f"cannot resume {work.path / task.state[0]}: {task.name}'s settings changed "
+                        f"({', '.join(differing(saved, now))}); rerun with the same settings, or delete {work.path} "
+                        "to start this evaluation over")
 
 
 PARTIAL_MARK = MARK  # what makes OUT.partial tcal's own (tcal.utils.partial)

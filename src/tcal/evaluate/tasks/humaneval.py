@@ -127,6 +127,14 @@ class HumanEval(Task):
     def state(self):
         return None if self.given else ("humaneval.json", "completions", str)
 
+    def known_settings(self) -> dict:
+        from tcal.evaluate.humaneval import MAX_NEW_TOKENS
+
+        o = self.opts
+        known = {"model": o.model, "engine": o.engine, "problems_sha256": self.digest,
+                 "max_new_tokens": o.max_new_tokens or MAX_NEW_TOKENS, "dtype": o.dtype if o.engine == "tcal" else None}
+        return known if o.prompt_style == "auto" else {**known, "prompt_style": o.prompt_style}  # auto: the tokenizer's
+
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import time
 
