@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positional(ns: argparse.Namespace, cls) -> None:
+    """The first positional fills its field; given as the flag too, both must name the same thing."""
+    field = POSITIONAL[ns.command]
+    flag = getattr(ns, field)
+    if flag != cls.__dataclass_fields__[field].default and flag != ns.positional:
+        raise TcalError(f"{field.upper()} is given twice, as {ns.positional} and as --{field} {flag}; give it once")
+    setattr(ns, field, ns.positional)
+
+
 def _format_warning(message, category, filename, lineno, line=None, _default=warnings.formatwarning):
     # tcal's own warnings are messages for the user: one line, without the source line that raised them
     if issubclass(category, TcalWarning):
@@ -97,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     cls, run = recipe(ns.command, getattr(ns, "subcommand", None))
-    if getattr(ns, "positional", None):
-        setattr(ns, POSITIONAL[ns.command], ns.positional)
     try:
+        if getattr(ns, "positional", None):
+            _positional(ns, cls)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars on every load; tcal shows its own progress

@@ -199,3 +199,36 @@ def test_the_scripts_name_no_teacher_and_no_cache_path():
     jobs = (root / "bench" / "device_jobs.py").read_text()  # the jobs the session script runs
     assert not [fact for t in TEACHERS.values() for fact in (t.name, t.file, t.sha256) if fact in jobs]
     assert ".cache/tcal" not in jobs
+
+
+def test_a_damaged_piece_is_fixed_by_transferring_it_again(packing_machine, monkeypatch, capsys):
+    root, _, _ = packing_machine
+    carry = root / "carry"
+    assert main(["pack", "--teacher", "tiny-test", "--pool", f"tiny={root / 'pool'}", "--no-wheels",
+                 "--no-tokenizer", "--transfer-mb", "2", "--out", str(carry)]) == 0
+    monkeypatch.setenv("TCAL_CACHE", str(root / "gpu-cache"))
+    piece = next(p for d in carry.iterdir() if d.is_dir() for p in d.iterdir() if p.name.startswith("pool-tiny"))
+    good = piece.read_bytes()
+    damaged = bytearray(good)
+    damaged[100] ^= 1
+    piece.write_bytes(bytes(damaged))  # damaged on the way, the right size
+    assert main(["stage", "--carry", str(carry), "--stage", str(root / "stage")]) == 2
+    assert "a piece is damaged" in capsys.readouterr().err
+    piece.write_bytes(good)  # transferred again
+    assert main(["stage", "--carry", str(carry), "--stage", str(root / "stage")]) == 0, capsys.readouterr().err
+    assert "pool-tiny.tar.xz: staged in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["pack", "--transfer-mb", "nan"], "--transfer-mb must be a number of MiB of at least 2, got nan"),
+    (["pack", "--transfer-mb", "inf"], "--transfer-mb must be a number of MiB of at least 2, got inf"),
+    (["pack", "--teacher", ""], "--teacher names no teacher"),
+    (["pack", "--teacher", " , "], "--teacher names no teacher"),
+    (["check", "--teacher", ""], "--teacher names no teacher"),
+])
+def test_an_empty_teacher_list_or_a_transfer_size_that_is_no_number_is_one_line(tmp_path, capsys, argv, message):
+    out = ["--out", str(tmp_path / "carry")] if argv[0] == "pack" else []
+    assert main([*argv, *out]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tcal: error: ")]
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "carry").exists()

@@ -117,3 +117,41 @@ def test_the_answer_mask_reaches_the_loss_as_the_rows_it_keeps():
     assert kl_masked == pytest.approx(kl_rows, rel=1e-6)
     with pytest.raises(TcalError, match="selects no rows"):
         chunked_distill_loss(hs, head_s, ht, head_t, row_mask=torch.zeros(10, dtype=torch.bool))
+
+
+def _rows(path, rows):
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+SAMPLE = {"key": "src:0:f", "split": "train", "prompt": "<|im_start|>user\nf<|im_end|>\n", "answer": "```x```"}
+
+
+def test_samples_that_repeat_a_task_or_have_no_answer_are_refused(tmp_path):
+    """Before: duplicates, a task in both splits and empty answers were packed without a word."""
+    from tcal.data.instruct import read_samples
+
+    assert len(read_samples(_rows(tmp_path / "ok.jsonl", [SAMPLE, dict(SAMPLE, key="src:0:g", split="dev")]))) == 2
+    for rows, message in (([SAMPLE, SAMPLE], "record 2 repeats the task 'src:0:f' of record 1; each task is one"),
+                          ([SAMPLE, dict(SAMPLE, split="dev")], "of record 1 in the other split"),
+                          ([dict(SAMPLE, answer=" ")], "record 1 (src:0:f) has an empty answer"),
+                          ([dict(SAMPLE, prompt="")], "record 1 (src:0:f) has an empty prompt")):
+        with pytest.raises(TcalError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            read_samples(_rows(tmp_path / "bad.jsonl", rows))
+    with pytest.raises(TcalError, match="is a directory"):
+        read_samples(tmp_path)
+
+
+def test_a_truncated_xz_samples_file_is_one_error(tmp_path):
+    """Before: an EOFError traceback."""
+    import lzma
+
+    from tcal.data.instruct import read_samples
+
+    whole = lzma.compress(_rows(tmp_path / "s.jsonl", [dict(SAMPLE, key=f"src:{i}:f") for i in range(200)]).read_bytes())
+    (tmp_path / "cut.jsonl.xz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(TcalError, match=r"cut.jsonl.xz is not a readable samples.jsonl of `tcal instruct` \(it ends "
+                                        r"early: truncated\)"):
+        read_samples(tmp_path / "cut.jsonl.xz")

@@ -150,7 +150,8 @@ def test_distill_on_a_teacher_directory_or_a_file_out(assets, capsys):
     (["convert", "--keep", "best:3"], "unknown keep policy"),
     (["convert", "--keep", "uniform:0"], "keep at least 1"),
     (["convert", "--kl-recall-frac", "-1"], "--kl-recall-frac must be in"),
-    (["convert", "--init", "phase2", "--kl-recall-frac", "0.5"], "init 'phase2' has none"),
+    (["convert", "--init", "phase2", "--kl-recall-frac", "0.5"],
+     "--kl-recall-frac is read by the inits with a KL stage (taylor) only, and this run is --init phase2"),
     (["convert", "--kl-recall-frac", "0.5", "--calib-budget", "reference"], "the reference budget's are 256"),
     (["convert", "--kl-recall-frac", "0.5", "--calib-window", "256", "--kl-recall-span", "256"],
      "needs --calib-window of at least 512"),
@@ -391,7 +392,8 @@ def test_a_device_tcal_cannot_use_is_refused_before_the_teacher_loads(workspace,
 
 def test_calibration_text_an_init_does_not_read_is_refused(workspace, capsys):
     ws, out = workspace, workspace / "out"
-    one_error(capsys, "--init copy with --keep 0,2 reads no calibration text: drop --calib", "convert", "--teacher",
+    one_error(capsys, "or the scored keep policies (ar, ga, niah) only, and this run is --init copy --keep 0,2 --eval "
+              "none: drop --calib", "convert", "--teacher",
               ws / "teacher", "--keep", "0,2", "--init", "copy", "--calib", ws / "calib.txt", "--eval", "none",
               "--device", "cpu", "--out", out)
     assert not out.exists()

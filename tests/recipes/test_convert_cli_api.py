@@ -110,3 +110,19 @@ def test_keep_auto_is_the_teachers_convert_share(workspace, monkeypatch):
     assert linear == layers - round(0.75 * layers) and linear >= 1
     assert converted("mine", "--keep", "uniform:50%")[0] == layers // 2
     assert budgets == ["reference"]  # asked once, for the auto run, with the CPU's budget
+
+
+@pytest.mark.parametrize("init, extra", [("taylor", ["--align-steps", 2, "--kl-steps", 2]), ("phase1", [])])
+def test_a_bfloat16_conversion_calibrates_and_saves_bfloat16_weights(workspace, init, extra):
+    """Before: Phase 1 failed on mismatched dtypes once the statistics were collected; its fits now run in float32
+    and the layers go back to bfloat16."""
+    out = workspace / f"bf16-{init}"
+    argv = ["convert", "--teacher", workspace / "teacher", "--keep", "0,2", "--init", init, "--calib",
+            workspace / "calib.txt", "--calib-window", 32, "--calib-windows", 4, *extra, "--eval", "none", "--dtype",
+            "bfloat16", "--device", "cpu", "--no-progress", "--out", out]
+    assert main([str(a) for a in argv]) == 0
+    weights = load_file(out / "model.safetensors")
+    gdn = {k: v for k, v in weights.items() if k.startswith("model.layers.1.self_attn.") and v.dim() == 2}
+    assert gdn and all(v.dtype == torch.bfloat16 and torch.isfinite(v.float()).all() for v in gdn.values())
+    record = json.loads((out / "report.json").read_text())
+    assert record["init"] == init

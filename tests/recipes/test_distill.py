@@ -117,21 +117,43 @@ def test_resume_of_a_finished_run_is_a_no_op(assets, tmp_path, capsys):
 
 def test_start_partial(tmp_path):
     out = tmp_path / "run"
-    assert start_partial(out, resume=False) == partial_dir(out)
-    partial_dir(out).mkdir()  # no checkpoint: nothing to resume, so it blocks nothing
-    (partial_dir(out) / "curve.csv").write_text("step\n")  # what a run stopped before its first checkpoint leaves
-    assert start_partial(out, resume=False) == partial_dir(out) and not partial_dir(out).exists()
-    partial_dir(out).mkdir()  # a folder of the user's that happens to have the name: refused, never deleted
+    work = start_partial(out, resume=False)
+    assert work.path == partial_dir(out) and not work.path.exists()  # made at its first write
+    work.write_text("curve.csv", "step\n")  # what a run stopped before its first checkpoint leaves: marked tcal's
+    assert start_partial(out, resume=False).path == partial_dir(out) and not partial_dir(out).exists()
+    # a folder of the user's that happens to have the name, even one holding only a curve.csv: refused, never deleted
+    for name in ("notes.txt", "curve.csv"):
+        partial_dir(out).mkdir()
+        (partial_dir(out) / name).write_text("mine")
+        with pytest.raises(TcalError, match="tcal did not write it"):
+            start_partial(out, resume=False)
+        with pytest.raises(TcalError, match="tcal did not write it"):
+            start_partial(out, resume=True)
+        assert sorted(p.name for p in partial_dir(out).iterdir()) == [name]
+        (partial_dir(out) / name).unlink()
+        partial_dir(out).rmdir()
+
+
+def test_a_partial_run_of_a_tcal_before_the_mark_resumes_and_the_users_files_survive(tmp_path):
+    from tcal.utils.partial import MARK, read_mark
+
+    out = tmp_path / "run"
+    ck = partial_dir(out) / "checkpoint" / "resume"
+    ck.mkdir(parents=True)
+    (ck / "state.json").write_text(json.dumps({"config": {"lr": 1e-3}}))  # a checkpoint names its run's settings
+    (partial_dir(out) / "checkpoint" / "model.safetensors").write_text("weights")
     (partial_dir(out) / "notes.txt").write_text("mine")
-    with pytest.raises(TcalError, match="holds files tcal did not write there"):
-        start_partial(out, resume=False)
-    assert (partial_dir(out) / "notes.txt").read_text() == "mine"
-    (partial_dir(out) / "notes.txt").unlink()
-    (partial_dir(out) / "checkpoint" / "resume").mkdir(parents=True)
-    (partial_dir(out) / "checkpoint" / "resume" / "state.json").write_text("{}")
     with pytest.raises(TcalError, match="--resume"):
         start_partial(out, resume=False)
-    assert start_partial(out, resume=True) == partial_dir(out) and partial_dir(out).exists()
+    with pytest.raises(TcalError, match=r"settings changed \(lr\)"):
+        start_partial(out, resume=True, settings={"lr": 3e-4})
+    work = start_partial(out, resume=True, settings={"lr": 1e-3})
+    assert (work.path / MARK).is_file() and read_mark(work.path)["stage"] == "distill"
+    assert sorted(work.files) == ["checkpoint/model.safetensors", "checkpoint/resume/state.json"]
+    with work.dir("checkpoint") as tmp:  # the next checkpoint replaces the old one whole
+        (tmp / "model.safetensors").write_text("newer")
+    work.discard()  # the run finished: tcal's files go, the user's stay
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["run.partial", "run.partial/notes.txt"]
 
 
 def test_distill_config_maps_to_cli_flags():

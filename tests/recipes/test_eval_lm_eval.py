@@ -68,14 +68,15 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
     code, _, errors = _run(capsys, *argv)
     assert code == 0 and not errors and calls == ["tcal_cloze"]
     assert json.loads((saved / "again" / "lm_eval.json").read_text())["rows"] == data["rows"]
-    # other text behind the same path: nothing finished is reused
+    # other text behind the same path: the kept work is not this run's, and is refused, not silently dropped
     (saved / "held_out.txt").write_text(story_text(300, seed=3))
     (partial).mkdir()
     (partial / PARTIAL_MARK).write_text('{"stage": "eval"}')
     (partial / "lm_eval.json").write_text(json.dumps(state))
     calls.clear()
     code, _, errors = _run(capsys, *argv, "--overwrite")
-    assert code == 0 and not errors and calls == ["tcal_lastword", "tcal_cloze"]
+    assert code == 2 and len(errors) == 1 and "lm-eval's settings changed" in errors[0] and calls == [], errors
+    assert json.loads((partial / "lm_eval.json").read_text()) == state
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -83,7 +84,7 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
                                     "tcal_lastword, tcal_cloze"),
     (["--lm-eval", "tcal_lastword", "--lm-eval-limit", "0"], "--lm-eval-limit must be at least 1"),
     (["--lm-eval", "tcal_cloze", "--lm-eval-data", "shakespeare:calib"], "not an evaluation split"),
-    (["--tasks", "tcal_cloze,ppl"], "ppl runs on its own (it prints its report)"),
+    (["--tasks", "tcal_cloze", "--completions", "c.jsonl"], "--completions is read by humaneval only"),
     (["--lm-eval", "tcal_cloze", "--batch-size", "0"], "--batch-size must be at least 1"),
 ])
 def test_bad_lm_eval_input_is_one_line_before_the_model_loads(tmp_path, capsys, extra, message):

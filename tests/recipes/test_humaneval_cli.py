@@ -299,7 +299,7 @@ def test_a_users_folder_named_like_the_partial_output_survives(tmp_path, capsys)
     (mine / "humaneval.json").write_text("{}")
     for argv in (("--task", "humaneval", "--allow-code-execution"), ("--task", "single"),
                  ("--lm-eval", "tcal_lastword")):
-        one_error(capsys, f"{mine} exists and is not an unfinished `tcal eval` of this output", "eval",
+        one_error(capsys, f"{mine} exists and tcal did not write it", "eval",
                   tmp_path / "no-model", *argv, "--out", tmp_path / "o" / "mine")
     assert sorted(p.name for p in mine.iterdir()) == ["humaneval.json", "notes.txt"]
     assert (mine / "notes.txt").read_text() == "my work" and not (tmp_path / "o" / "mine").exists()

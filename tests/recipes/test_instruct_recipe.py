@@ -50,9 +50,9 @@ def test_samples_of_a_run_pack_again_into_the_same_windows(chat_teacher, tmp_pat
     import lzma
 
     first = tmp_path / "first"
-    common = ["--teacher", str(chat_teacher / "teacher"), "--dev-tasks", "2", "--no-progress"]
+    common = ["--teacher", str(chat_teacher / "teacher"), "--no-progress"]
     code, errors, _ = run(capsys, "instruct", *common, "--sources", f"dir:{chat_teacher / 'src'}", "--answers",
-                          "reference", "--seq-len", "128", "--out", str(first))
+                          "reference", "--dev-tasks", "2", "--seq-len", "128", "--out", str(first))
     assert code == 0, errors
     packed = tmp_path / "samples.jsonl.xz"
     packed.write_bytes(lzma.compress((first / "samples.jsonl").read_bytes()))
@@ -127,8 +127,10 @@ def test_bad_instruct_flags_are_one_line(chat_teacher, tmp_path, capsys, tmp_cac
     one_error(capsys, "--dev-tasks must be in", *base, "--dev-tasks", "5000")
     one_error(capsys, "--sources is empty", *base, "--sources", " , ")
     one_error(capsys, "contains evaluation text", *base, "--sources", "code:eval")
-    (tmp_path / "o.partial").mkdir()
-    one_error(capsys, "holds an interrupted", *base)
+    (tmp_path / "o.partial").mkdir()  # a folder tcal did not write: refused, and left as it is
+    one_error(capsys, "tcal did not write it", *base)
+    one_error(capsys, "tcal did not write it", *base, "--resume")
+    assert (tmp_path / "o.partial").is_dir()
 
 
 def test_distillation_on_an_instruct_set_trains_on_the_answers_and_keeps_the_best_checkpoint(
@@ -152,6 +154,11 @@ def test_distillation_on_an_instruct_set_trains_on_the_answers_and_keeps_the_bes
             "--eval", str(ev), "--eval-window", "32", "--eval-windows", "2", "--batch-size", "4",
             "--tokens", "1024", "--eval-every", "512", "--eval-early", "0", "--lr", "3e-3", "--no-progress")
     one_error(capsys, "instruct set of 128-token windows: use --seq-len 128", *args, "--out", str(tmp_path / "x"))
+    # before the models load: a hybrid and a teacher that do not exist are not reached
+    one_error(capsys, "instruct set of 128-token windows: use --seq-len 128", "distill", str(tmp_path / "none"),
+              "--teacher", str(tmp_path / "none"), *args[4:], "--out", str(tmp_path / "x"))
+    one_error(capsys, "--mix-data " + str(out) + " is an instruct set (tcal instruct); --mix-data takes raw text",
+              *args, "--seq-len", "128", "--mix-data", str(out), "--out", str(tmp_path / "x"))
     code, errors, _ = run(capsys, *args, "--seq-len", "128", "--mix-data", str(raw), "--mix-frac", "0.25",
                           "--out", str(tmp_path / "d"))
     assert code == 0, errors
@@ -163,3 +170,92 @@ def test_distillation_on_an_instruct_set_trains_on_the_answers_and_keeps_the_bes
     assert (tmp_path / "d" / "best" / "config.json").is_file()
     assert report["data"]["kind"] == "instruct" and report["data"]["mix"]["frac"] == 0.25
     assert report["teacher_probes"]["answer_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+# -- the user's files, the samples' checks, and what a resumed run must match -------------------------------------
+
+@pytest.fixture()
+def reference_set(chat_teacher, tmp_path, capsys):
+    out = tmp_path / "set"
+    code, errors, _ = run(capsys, "instruct", "--teacher", str(chat_teacher / "teacher"), "--sources",
+                          f"dir:{chat_teacher / 'src'}", "--answers", "reference", "--dev-tasks", "2", "--seq-len",
+                          "128", "--out", str(out), "--no-progress")
+    assert code == 0, errors
+    return out
+
+
+def test_samples_are_copied_under_tcals_own_name_never_over_the_users_file(chat_teacher, reference_set, tmp_path,
+                                                                           capsys, tmp_cache):
+    """Before: the copy kept the samples file's name, so --samples my.jsonl replaced the user's OUT/my.jsonl, and a
+    samples file named manifest.json the set's manifest."""
+    rows = (reference_set / "samples.jsonl").read_text()
+    (reference_set / "my.jsonl").write_text("mine")
+    for name in ("my.jsonl", "manifest.json"):
+        given = tmp_path / "elsewhere" / name
+        given.parent.mkdir(exist_ok=True)
+        given.write_text(rows)
+        code, errors, _ = run(capsys, "instruct", "--teacher", str(chat_teacher / "teacher"), "--samples", str(given),
+                              "--seq-len", "128", "--out", str(reference_set), "--overwrite")
+        assert code == 0, errors
+        assert (reference_set / "my.jsonl").read_text() == "mine" and is_instruct_set(reference_set)
+        assert (reference_set / "samples.jsonl").read_text() == rows
+
+
+def _samples(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_samples_for_another_chat_template_or_with_only_development_tasks_are_one_line(chat_teacher, reference_set,
+                                                                                     tmp_path, capsys, tmp_cache):
+    rows = [json.loads(line) for line in (reference_set / "samples.jsonl").read_text().splitlines()]
+    other = _samples(tmp_path / "other.jsonl", [dict(rows[0], prompt="<start_of_turn>user\nhi<end_of_turn>\n")]
+                     + rows[1:])
+    one_error(capsys, "the prompt of record 1", "instruct", "--teacher", str(chat_teacher / "teacher"), "--samples",
+              str(other), "--out", str(tmp_path / "o"))
+    dev = _samples(tmp_path / "dev.jsonl", [r for r in rows if r["split"] == "dev"])
+    one_error(capsys, "holds development samples only", "instruct", "--teacher", str(chat_teacher / "teacher"),
+              "--samples", str(dev), "--seq-len", "128", "--out", str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_resumed_run_must_ask_the_same_teacher_the_same_way(chat_teacher, tmp_path, capsys, tmp_cache):
+    """Before: --resume reused the answers of another teacher or another --max-new-tokens and labelled them this
+    run's."""
+    from tcal.recipes.instruct import InstructConfig, answer_settings
+    from tcal.utils.partial import Work, partial_dir
+
+    out = tmp_path / "set"
+    base = ("instruct", "--teacher", str(chat_teacher / "teacher"), "--sources", f"dir:{chat_teacher / 'src'}",
+            "--out", str(out), "--no-progress")
+    cfg = InstructConfig(teacher=str(chat_teacher / "teacher"), sources=f"dir:{chat_teacher / 'src'}")
+    Work(partial_dir(out), "instruct", answer_settings(cfg)).write_text(
+        "answers.jsonl", json.dumps({"key": "k", "answer": None}) + "\n")  # what an interrupted run leaves
+    one_error(capsys, "settings changed (max_new_tokens)", *base, "--resume", "--max-new-tokens", "100")
+    one_error(capsys, "settings changed (teacher)", *base[:1], "--teacher", str(tmp_path / "another"), *base[3:],
+              "--resume")
+    one_error(capsys, "pass --resume to continue it", *base)
+    assert (partial_dir(out) / "answers.jsonl").is_file()
+
+
+def test_a_users_partial_folder_survives_resume(chat_teacher, tmp_path, capsys, tmp_cache):
+    """Before: --resume wrote into the user's OUT.partial and then deleted it."""
+    mine = tmp_path / "user.partial"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    one_error(capsys, "tcal did not write it", "instruct", "--teacher", str(chat_teacher / "teacher"), "--sources",
+              f"dir:{chat_teacher / 'src'}", "--out", str(tmp_path / "user"), "--resume")
+    assert (mine / "notes.txt").read_text() == "mine" and [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_bad_counts_name_themselves_and_a_set_with_no_training_task_says_why(chat_teacher, tmp_path, capsys,
+                                                                            tmp_cache, monkeypatch):
+    import tcal.evaluate.generate as G
+
+    base = ("instruct", "--teacher", str(chat_teacher / "teacher"), "--sources", f"dir:{chat_teacher / 'src'}",
+            "--seq-len", "128", "--no-progress")
+    one_error(capsys, "--max-tasks must be at least 1, got 0", *base, "--max-tasks", "0", "--out", str(tmp_path / "a"))
+    monkeypatch.setattr(G, "generate_greedy", lambda m, t, prompts, n, **kw: [
+        "```python\nc = a + b\n```" if i % 2 == 0 else "```python\nopen" for i in range(len(prompts))])
+    one_error(capsys, "all 5 tasks kept are development tasks (--dev-tasks 5), so none is left to train on", *base,
+              "--dev-tasks", "5", "--out", str(tmp_path / "b"))

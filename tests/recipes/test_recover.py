@@ -95,7 +95,7 @@ def test_recover_config_maps_to_cli_flags_and_checks_arguments(tmp_path):
     cfg = from_args(RecoverConfig, p.parse_args(["--inits", "copy,taylor", "--keep", "0,4"]))
     assert cfg.schedule == "constant" and cfg.inits == "copy,taylor" and cfg.calib == "auto"
     assert (cfg.calib_window, cfg.calib_windows, cfg.eval_every) == (512, 32, 500_000)
-    for over, message in (({"keep": "uniform:2"}, "is not a list of layer indices"),
+    for over, message in (({"keep": "uniform:2"}, "takes the kept layers as a list like 0,4,8"),
                           ({"inits": "copy,copy"}, "lists an init twice"),
                           ({"calib": "wiki:eval"}, "overlaps|contains the evaluation"),
                           ({"calib": "shakespeare:calib+wiki:eval"}, "overlaps|contains the evaluation")):

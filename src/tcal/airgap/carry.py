@@ -7,6 +7,7 @@ wheels installed with pip, no index, no dependencies) and ``dest`` where (``cach
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import hashlib
 import json
 import shutil
@@ -254,7 +255,9 @@ def stage_items(folders: list[Path], stage: Path) -> list[str]:
             parsed = P.parse_piece(p.name)
             if parsed and parsed[0] in items and not _done_marker(items[parsed[0]], stage).is_file():
                 kept = waiting / p.name
-                if not (kept.is_file() and kept.stat().st_size == p.stat().st_size):
+                # a piece kept from an earlier stage is replaced where this transfer's differs: a damaged piece of
+                # the right size is fixed by transferring its folder again
+                if not (kept.is_file() and filecmp.cmp(kept, p, shallow=False)):
                     shutil.copyfile(p, kept)
     lines = []
     for item in items.values():

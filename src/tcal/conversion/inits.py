@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tcal.utils.errors import TcalError
+from tcal.utils.flags import Reader
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,28 @@ def parse_inits(spec: str) -> list[str]:
     for init in inits:
         get_init(init)
     return inits
+
+
+# the calibration flags (tcal.taylor.budget.CalibArgs) each stage of an init reads, and how messages name the inits
+# that have the stage
+STAGE_FLAGS = {"calibrated": ("calib", "calib_budget", "calib_window", "calib_windows"),
+               "phase2": ("align_steps",),
+               "kl": ("kl_steps", "kl_recall_frac", "kl_data")}
+STAGE_NAMES = {"calibrated": "the calibrated inits", "phase2": "the inits with Phase 2",
+               "kl": "the inits with a KL stage"}
+
+
+def init_readers(chosen, *, recall: bool = False, chat: bool = False) -> list[Reader]:
+    """Who reads each calibration flag (:mod:`tcal.utils.flags`): the inits of each stage, active where one of the
+    ``chosen`` inits has it; the KL stage's recall mix (``recall``: it is on) and its chat windows (``chat``:
+    ``--kl-data chat:CODE`` without the recall mix) read their own."""
+    specs = [get_init(i) for i in chosen]
+    out = [Reader(f"{STAGE_NAMES[stage]} ({', '.join(n for n, s in INITS.items() if getattr(s, stage))})", flags,
+                  any(getattr(s, stage) for s in specs)) for stage, flags in STAGE_FLAGS.items()]
+    kl = any(s.kl for s in specs)
+    return out + [Reader("the KL stage's recall mix (--kl-recall-frac above 0, or the long budget)", ("kl_recall_span",),
+                         kl and recall),
+                  Reader("the KL stage on chat windows (--kl-data chat:CODE)", ("kl_windows",), kl and chat)]
 
 
 for _spec in (

@@ -126,13 +126,19 @@ def parse_policy(spec, num_layers: int | None) -> Policy:
         return Policy("uniform", 0)
     scope = policy_scope(spec)
     if scope is not None:
-        spec = spec.partition("@")[0].strip()
+        spec, _, where = (p.strip() for p in spec.partition("@"))
+        if spec == AUTO:
+            raise TcalError(f"keep policy {AUTO} picks the teacher's own layers and takes no @ scope; give --keep "
+                            f"{AUTO} alone, or a policy such as uniform:25%@{where}")
         if isinstance(parse_keep(spec), list):
             raise TcalError(f"an explicit layer list takes no @ scope ({spec}@...); list the layers to keep")
     keep = parse_keep(spec)
     if isinstance(keep, list):
         return Policy("list", len(keep), keep)
     kind, sep, count = spec.partition(":")
+    if kind == AUTO:
+        raise TcalError(f"keep policy {AUTO} takes no count ({spec}): it picks the teacher's own layers; give --keep "
+                        f"{AUTO} alone, or a policy with a count such as uniform:{count or 'K'}")
     if not sep or kind not in POLICIES:
         raise TcalError(
             f"unknown keep policy {spec!r}; use a list like 0,4,8, {AUTO}, or one of "

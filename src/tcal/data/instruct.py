@@ -189,25 +189,59 @@ def chat_windows(tokenizer, tasks: Sequence[CodeTask], seq_len: int, answers: di
 
 def read_samples(path) -> list[dict]:
     """The records of a ``samples.jsonl`` that `tcal instruct` wrote (``.xz``-compressed too): key, split, prompt,
-    answer, in file order."""
+    answer, in file order; each task once, with a prompt and an answer."""
     import lzma
 
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise TcalError(f"{p} is a directory; give the samples.jsonl (or .jsonl.xz) a `tcal instruct` run wrote")
     opener = lzma.open if p.suffix == ".xz" else open
     try:
         with opener(p, "rt", encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError, lzma.LZMAError) as e:
-        raise TcalError(f"{p} is not a readable samples.jsonl of `tcal instruct` ({e}); give the samples.jsonl "
+    except (OSError, ValueError, EOFError, lzma.LZMAError) as e:  # EOFError: a truncated .xz
+        why = "it ends early: truncated" if isinstance(e, EOFError) else str(e)
+        raise TcalError(f"{p} is not a readable samples.jsonl of `tcal instruct` ({why}); give the samples.jsonl "
                         "(or .jsonl.xz) an instruct run wrote") from None
+    seen: dict[str, int] = {}
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("key", "split", "prompt", "answer")) \
                 or r["split"] not in ("train", "dev"):
             raise TcalError(f"{p}: record {i + 1} lacks a key, a train/dev split, a prompt or an answer; give the "
                             "samples.jsonl a `tcal instruct` run wrote")
+        if not r["prompt"].strip() or not r["answer"].strip():
+            raise TcalError(f"{p}: record {i + 1} ({r['key']}) has an empty {'prompt' if not r['prompt'].strip() else 'answer'}"
+                            "; every sample is a prompt and its answer")
+        if r["key"] in seen:
+            raise TcalError(f"{p}: record {i + 1} repeats the task {r['key']!r} of record {seen[r['key']]}"
+                            + (" in the other split" if rows[seen[r["key"]] - 1]["split"] != r["split"] else "")
+                            + "; each task is one sample, in one split (no step may train on a development task)")
+        seen[r["key"]] = i + 1
     if not rows:
         raise TcalError(f"{p} holds no samples")
     return rows
+
+
+def template_frame(tokenizer) -> tuple[str, str]:
+    """(what comes before, what comes after) the user's words in a prompt rendered by the tokenizer's chat template."""
+    mark = "\x00tcal-user-turn\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                         add_generation_prompt=True)
+    head, _, tail = text.partition(mark)
+    return head, tail
+
+
+def check_template(tokenizer, samples: Sequence[dict], source, teacher: str) -> None:
+    """Every sample's prompt is framed by this tokenizer's chat template (samples rendered for another teacher's
+    template would train the hybrid on turns its teacher never sees)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TcalError(f"{teacher}'s tokenizer has no chat template: instruct samples are for instruct teachers")
+    head, tail = template_frame(tokenizer)
+    for i, s in enumerate(samples):
+        if not (s["prompt"].startswith(head) and s["prompt"].endswith(tail)):
+            raise TcalError(f"{source}: the prompt of record {i + 1} ({s['key']}) is not in {teacher}'s chat template; "
+                            "the samples were rendered for another teacher: pass that --teacher, or build the set "
+                            "anew for this one (without --samples)")
 
 
 # -- instruct sets on disk ------------------------------------------------------------------------------------------

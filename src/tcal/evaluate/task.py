@@ -66,6 +66,8 @@ def parse_tasks(text: str, flag: str = "--tasks") -> list[TaskSpec]:
         if any(v < 1 for v in values.values()):
             raise TcalError(f"{flag} {text!r}: {item!r}: a count and a context length are at least 1")
         specs.append(TaskSpec(m["name"], values.get(":"), (values["@"],) if "@" in values else ()))
+    if text.strip() and not specs:
+        raise TcalError(f"{flag} {text!r} names no task; e.g. {flag} {EXAMPLE} (tcal eval --tasks list lists them)")
     return specs
 
 
@@ -139,6 +141,10 @@ class TaskArgs:
         return TaskOptions(**{**mine, **command})
 
 
+# the flags of TaskArgs that only tasks read (what a command hands them): refused where no task of a run reads them
+TASK_FLAGS = tuple(f.name for f in dataclasses.fields(TaskArgs) if f.name != "tasks")
+
+
 def deprecated(flags: Sequence[str], specs: Sequence[TaskSpec]) -> None:
     """One warning line for the old task flags a run used, with the ``--tasks`` they stand for."""
     if flags:
@@ -196,7 +202,7 @@ class Task:
     curve: ClassVar[bool] = True  # scores a model at a training curve point or an ablation row
     text: ClassVar[bool] = True  # reads and writes text: needs the model's tokenizer
     needs_teacher: ClassVar[bool] = False  # compares the model with its teacher (the commands that have one)
-    writes: ClassVar[bool] = True  # tcal eval writes its report into --out (perplexity prints it)
+    prints: ClassVar[bool] = False  # tcal eval prints its report, and writes it only where --out is given
 
     def __init__(self, specs: Sequence[TaskSpec], options: TaskOptions):
         self.specs = list(specs)
@@ -294,6 +300,11 @@ class Task:
     def settings(self) -> dict:
         """What a resumed ``tcal eval`` must match to reuse kept work (and its report records)."""
         return {"model": self.opts.model, "tasks": join_tasks(self.specs), "dtype": self.opts.dtype}
+
+    def known_settings(self) -> dict:
+        """Those of the settings its kept work records that are known before the model loads (after :meth:`check`):
+        ``tcal eval`` refuses kept work of other settings before loading anything."""
+        return self.settings()
 
     def run(self, model, tokenizer, progress: Progress) -> dict:
         """The whole evaluation for ``tcal eval``, keeping each finished piece through ``progress``."""

@@ -61,7 +61,7 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
         already writes into a temporary directory of its own (``atomic=False``)."""
         if not atomic:
             return super().save_pretrained(save_directory, *args, **kwargs)
-        with atomic_dir(save_directory) as tmp:
+        with atomic_dir(save_directory, theirs="replace") as tmp:  # as transformers: same names replaced
             super().save_pretrained(tmp, *args, **kwargs)
 
     def gdn_modules(self) -> dict[int, GatedDeltaNet]:

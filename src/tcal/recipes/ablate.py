@@ -61,18 +61,27 @@ class AblateConfig(TaskArgs, TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceAr
 
 def _check(cfg: AblateConfig):
     """Every argument, before the teacher loads: (output directory, init names)."""
-    from tcal.conversion.inits import parse_inits
+    from tcal.conversion.inits import init_readers, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.conversion.surgery import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.data.tokens import mixture_parts
+    from tcal.evaluate import tasks as T
+    from tcal.evaluate.task import TASK_FLAGS
+    from tcal.train.config import run_words
     from tcal.utils.atomic import check_out
+    from tcal.utils.flags import as_given, refuse_unread
+    from tcal.utils.runtime import resolve_device
 
+    given = as_given(cfg)
     tasks = ablate_tasks(cfg)
     resolve_teacher_args(cfg, every_eval=True)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
+    recall = cfg.recall_on(resolve_device(cfg.device))
+    refuse_unread(given, [*init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+                          *T.readers(tasks, TASK_FLAGS)], run_words(f"tcal ablate --inits {','.join(inits)}", tasks))
     parse_policy(parse_keep(cfg.keep), num_layers=None)
     cfg.check_calib()
     cfg.check_eval()
@@ -90,8 +99,9 @@ def ablate_tasks(cfg: AblateConfig) -> list:
     """The tasks that score the teacher and every init (``--tasks``, and ``--humaneval``/``--humaneval-limit`` mapped
     onto it), behind the one code-execution gate; their inputs are read by :meth:`Task.check`."""
     from tcal.evaluate import tasks as T
-    from tcal.evaluate.task import TaskSpec, deprecated, parse_tasks
+    from tcal.evaluate.task import TaskSpec, deprecated, join_tasks, parse_tasks
     from tcal.utils.errors import TcalError
+    from tcal.utils.flags import unread_error
 
     specs, used = parse_tasks(cfg.tasks), []
     if cfg.humaneval:
@@ -102,8 +112,8 @@ def ablate_tasks(cfg: AblateConfig) -> list:
         if cfg.humaneval_limit < 1:
             raise TcalError(f"--humaneval-limit must be at least 1, got {cfg.humaneval_limit}")
         if not any(s.name == "humaneval" for s in specs):
-            raise TcalError("--humaneval-limit is read by humaneval only, and this run scores no humaneval: drop it, "
-                            "or pass --tasks humaneval:N")
+            run = f"tcal ablate scoring {join_tasks(specs)}" if specs else "tcal ablate with no task"
+            raise unread_error("--humaneval-limit", "humaneval", run)
         specs = [TaskSpec(s.name, cfg.humaneval_limit) if s.name == "humaneval" and s.count is None else s
                  for s in specs]
     deprecated(used, specs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def _teachers(spec: str) -> list[str]:
     from tcal.data.teacher_table import TEACHERS
 
     names = _names(spec)
+    if not names:
+        raise TcalError(f"--teacher names no teacher; give built-in teachers, comma-separated: {', '.join(TEACHERS)}")
     for n in names:
         if n not in TEACHERS:
             raise TcalError(f"{n!r} is not a built-in teacher; the built-ins are {', '.join(TEACHERS)}")
@@ -72,8 +75,8 @@ def pack(cfg: PackConfig) -> list[Path]:
             raise TcalError(f"--pool {spec}: give NAME=DIR with DIR a token pool (build one with tcal pool --teacher "
                             "TEACHER --out DIR)")
         pools.append((name, Path(path).expanduser()))
-    if cfg.transfer_mb < 2:
-        raise TcalError(f"--transfer-mb must be at least 2, got {cfg.transfer_mb}")
+    if not (cfg.transfer_mb >= 2 and math.isfinite(cfg.transfer_mb)):  # nan compares false with everything
+        raise TcalError(f"--transfer-mb must be a number of MiB of at least 2, got {cfg.transfer_mb}")
     extra = [Path(w).expanduser() for w in _names(cfg.extra_wheels)]
     for w in extra:
         if w.suffix != ".whl" or not w.is_file():

@@ -13,6 +13,8 @@ from tcal.taylor.budget import CalibArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 
+SCORED_POLICIES = ("ar", "ga", "niah")  # keep policies that score layers on the calibration text
+
 
 @dataclass
 class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceArgs):
@@ -22,7 +24,7 @@ class ConvertConfig(TeacherArgs, CalibArgs, EvalArgs, GDNArgs, OutArgs, DeviceAr
                     " (docs/method.md says what each does)")
     target: str = arg(DEFAULT_TARGET, TARGET_HELP, choices=TARGETS)
     out: str = arg("runs/convert", "output directory (written atomically)")
-    dtype: str = arg("float32", "weights dtype: float32 or bfloat16")
+    dtype: str = arg("float32", "weights dtype: float32 or bfloat16 (calibration's fits run in float32 either way)")
     seed: int = arg(0, "seed for the random parts of the initialisation")
     progress: bool = arg(True, "progress bars (calibration's fits)")
 
@@ -44,7 +46,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     import torch
 
     from tcal.conversion.convert import convert_with_record
-    from tcal.conversion.inits import get_init
+    from tcal.conversion.inits import get_init, init_readers
     from tcal.conversion.policy import AUTO, parse_keep, parse_policy
     from tcal.conversion.surgery import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
@@ -54,26 +56,32 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate import perplexity_report
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
+    from tcal.utils.flags import Reader, as_given, refuse_unread
     from tcal.utils.runtime import peak_memory, resolve_dtype
 
     # every argument is checked before the teacher loads
-    calib_given = cfg.calib.strip() != "auto"
+    given = as_given(cfg)
+    if cfg.dtype.strip().lower() in ("float16", "fp16", "half"):
+        raise TcalError("--dtype float16: tcal export refuses a float16 hybrid (float16 cannot hold the linearised "
+                        "attention q/k norms); convert in float32 or bfloat16")
+    resolve_dtype(cfg.dtype)
     resolve_teacher_args(cfg)
-    if cfg.keep.strip() == AUTO:
+    keep_auto = cfg.keep.strip() == AUTO
+    if keep_auto:
         cfg.keep = default_convert_keep(cfg.teacher, cfg.budget_name(world.device))
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
     policy = parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
-    reads_calib = spec.calibrated or policy.kind in ("ar", "ga", "niah")
-    if calib_given and not reads_calib:
-        raise TcalError(f"--calib is read by the calibrated inits and the scored keep policies (ar, ga, niah), and "
-                        f"--init {spec.name} with --keep {cfg.keep} reads no calibration text: drop --calib, or "
-                        "choose such an init (e.g. taylor) or policy")
+    scored = policy.kind in SCORED_POLICIES
+    reads_calib = spec.calibrated or scored
     evaluate = cfg.eval.lower() != "none"
-    if cfg.kl_recall_frac and not spec.kl:  # asked for by flag; a budget's own mix simply goes unused
-        raise TcalError(f"--kl-recall-frac mixes copies into the KL stage, and init {spec.name!r} has none; "
-                        "use --init taylor (or another init with a KL stage)")
+    recall = cfg.recall_on(world.device)
+    refuse_unread(given, [*init_readers([spec.name], recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+                          Reader(f"the scored keep policies ({', '.join(SCORED_POLICIES)})", ("calib",), scored),
+                          Reader("--keep auto (its layers follow the budget)", ("calib_budget",), keep_auto),
+                          Reader("an evaluated run (--eval not none)", ("eval_window", "eval_windows"), evaluate)],
+                  f"--init {spec.name} --keep {given.keep}" + ("" if evaluate else " --eval none"))
     if spec.calibrated:
         cfg.check_calib()
         for part in mixture_parts(cfg.calib):

@@ -1,9 +1,9 @@
 """`tcal distill`: distil a saved hybrid against its frozen teacher's logits.
 
 ``OUT.partial/`` holds the run while it is in progress (checkpoints for ``--resume``, ``curve.csv``
-for watching). At the end ``OUT/`` is written in one rename: the final model (safetensors) and
-tokenizer, ``curve.csv``, ``curve.png``, ``report.json``, ``report.md``, ``tcal_config.json``; then
-the partial directory is removed.
+for watching; :mod:`tcal.utils.partial`). At the end ``OUT/`` is written in one rename: the final model
+(safetensors) and tokenizer, ``curve.csv``, ``curve.png``, ``report.json``, ``report.md``, ``tcal_config.json``;
+then the files tcal wrote into the partial directory are removed.
 
 Under ``torchrun --nproc_per_node N -m tcal distill ...`` every rank runs this recipe; rank 0
 alone creates, writes and removes directories, writes reports and prints (see
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,50 +29,45 @@ class DistillConfig(TrainOptions, TeacherArgs, OutArgs):
     out: str = arg("runs/distill", "output directory (written atomically; progress in OUT.partial/)")
 
 
-def start_partial(out, resume: bool) -> Path:
-    """The run's partial directory. One without a checkpoint holds nothing to resume and is removed (only where it
-    holds nothing but what tcal writes there); one with a checkpoint is refused unless ``resume``."""
-    from tcal.train.checkpoint import has_checkpoint, partial_dir
-    from tcal.utils.errors import TcalError
+def start_partial(out, resume: bool, settings: dict | None = None, free=None):
+    """The run's unfinished work (:func:`tcal.utils.partial.open_work`): ``OUT.partial`` resumed where it holds a
+    checkpoint (with ``resume``, and the same ``settings`` but ``free`` ones), started over where it holds none,
+    refused where tcal did not write it."""
+    from tcal.train.checkpoint import has_checkpoint, legacy_run
+    from tcal.train.config import RESUME_FREE, changed_settings
+    from tcal.utils.partial import open_work
 
-    partial = partial_dir(out)
-    if partial.is_dir() and not has_checkpoint(out):
-        # what a run stopped before its first checkpoint leaves; a folder of that name holding anything else is not
-        # tcal's to delete
-        theirs = [p.name for p in partial.iterdir() if p.name != "curve.csv" and not p.name.startswith(".checkpoint.")]
-        if theirs:
-            raise TcalError(f"{partial} holds files tcal did not write there ({theirs[0]}, ...); tcal keeps its "
-                            "unfinished work in OUT.partial, so move that folder away or choose another --out")
-        shutil.rmtree(partial)
-    if partial.is_dir() and not resume:
-        raise TcalError(f"{partial} holds an interrupted run; pass --resume to continue it, or delete it")
-    return partial
+    free = RESUME_FREE if free is None else free
+    return open_work(out, "distill", settings=settings, resume=resume, progress=lambda w: has_checkpoint(out),
+                     changed=lambda saved, now: changed_settings(saved, now, free=free), legacy=legacy_run)
 
 
 @contextlib.contextmanager
-def removed_unless_resumable(out, enabled: bool = True):
+def removed_unless_resumable(out, work, enabled: bool = True):
     """A run that fails before its first checkpoint leaves no partial directory behind: there is
     nothing to resume, and it must not block the next run. ``enabled``: whether this process owns
     the output (rank 0 under torchrun)."""
-    from tcal.train.checkpoint import has_checkpoint, partial_dir
+    from tcal.train.checkpoint import has_checkpoint
 
     try:
         yield
     except BaseException:
         if enabled and not has_checkpoint(out):
-            shutil.rmtree(partial_dir(out), ignore_errors=True)
+            work.discard()
         raise
 
 
-def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=()) -> None:
-    """Write a finished run's directory in one rename and remove its partial directory; ``tasks``: what the curve
-    points scored (their report lines)."""
+def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=(), work=None) -> None:
+    """Write a finished run's directory in one rename and discard its unfinished work (``work``: its
+    :class:`~tcal.utils.partial.Work`); ``tasks``: what the curve points scored (their report lines)."""
     from tcal.report.plots import plot_curve
     from tcal.train.checkpoint import partial_dir, save_model
     from tcal.train.curve import curve_csv
     from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.partial import Work
 
     out = Path(out)
+    work = work if work is not None else Work(partial_dir(out), "distill")
     resolved = {"stage": "distill", **report["config"],
                 "resolved": {k: report[k] for k in ("device", "precision", "total_steps", "tokens_per_step",
                                                     "warmup_steps", "train_windows")}}
@@ -81,9 +75,9 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=
         save_model(student, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        best = partial_dir(out) / "best"
-        if report.get("best") and best.is_dir():  # the checkpoint the development answers picked
-            shutil.move(str(best), str(tmp / "best"))
+        if report.get("best") and (work.path / "best").is_dir():  # the checkpoint the development answers picked
+            (tmp / "best").mkdir()
+            work.take("best", tmp / "best")
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp / "best")
         (tmp / "curve.csv").write_text(curve_csv(report["curve"]))
@@ -92,7 +86,7 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=
         write_json(tmp / "tcal_config.json", resolved)
         write_json(tmp / "report.json", report)
         (tmp / "report.md").write_text(report_markdown(report, cfg, tasks))
-    shutil.rmtree(partial_dir(out), ignore_errors=True)
+    work.discard()
 
 
 def run(cfg: DistillConfig, *, callback=None) -> dict:
@@ -121,7 +115,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
     from tcal.train.config import changed_settings
     from tcal.train.trainer import distill
-    from tcal.utils.atomic import check_out, write_json, written_files
+    from tcal.utils.atomic import check_out, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.runtime import resolve_dtype
 
@@ -139,6 +133,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     out = check_out(cfg.out, "distill", cfg.overwrite)
     # a pool, a .npy file or an instruct set holds token ids (a pool's text was checked when it was built)
     check_training_data(cfg, [text for t in tasks for text in t.texts()])
+    partial = D.on_main(world, lambda: start_partial(out, cfg.resume, settings))
     resuming = cfg.resume and has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
@@ -156,8 +151,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     probes = curve_probes(tasks, tokenizer, teacher)
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
-    partial = D.on_main(world, lambda: start_partial(out, cfg.resume))
-    with removed_unless_resumable(out, enabled=main):
+    with removed_unless_resumable(out, partial, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
                                   world=world, probes=probes, prefix=prefix, train_mask=train_mask,
@@ -167,10 +161,10 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
         return report
     if report["status"] == "paused":
         print(f"tcal distill: paused at {report['tokens']:,} of {report['total_steps'] * report['tokens_per_step']:,} "
-              f"tokens; rerun with --resume to continue ({partial})", file=sys.stderr)
-        write_json(partial / "report.partial.json", report)
+              f"tokens; rerun with --resume to continue ({partial.path})", file=sys.stderr)
+        partial.write_json("report.partial.json", report)
         return report
-    finish_run(out, report, student, tokenizer, cfg, title=f"distill {out.name}", tasks=tasks)
+    finish_run(out, report, student, tokenizer, cfg, title=f"distill {out.name}", tasks=tasks, work=partial)
     tp = report["train_tokens_per_s"]
     print(f"PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} tokens "
           f"(teacher {report['teacher_ppl']:.2f}); {tp:,.0f} tokens/s, peak memory "
@@ -186,10 +180,27 @@ def check_training_data(cfg, extra_eval=()) -> None:
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
 
+    check_instruct_data(cfg)
     for spec in (cfg.data, cfg.mix_data) if cfg.mix_data.strip() else (cfg.data,):
         for evaluated in (cfg.eval, *extra_eval):
             check_disjoint(spec, evaluated)
         check_no_eval_text(spec, [cfg.eval, *extra_eval], role="training data")
+
+
+def check_instruct_data(cfg) -> None:
+    """An instruct set is read at its own window length, as --data only (before any model loads)."""
+    import json
+
+    from tcal.data.instruct import MANIFEST, is_instruct_set
+    from tcal.utils.errors import TcalError
+
+    if cfg.mix_data.strip() and is_instruct_set(cfg.mix_data):
+        raise TcalError(f"--mix-data {cfg.mix_data} is an instruct set (tcal instruct); --mix-data takes raw text to "
+                        "mix beside one (a token pool, a .npy file or a corpus): give the instruct set as --data")
+    if is_instruct_set(cfg.data):
+        seq_len = json.loads((Path(cfg.data).expanduser() / MANIFEST).read_text()).get("seq_len")
+        if seq_len != cfg.seq_len:
+            raise TcalError(f"--data {cfg.data} is an instruct set of {seq_len}-token windows: use --seq-len {seq_len}")
 
 
 def training_streams(cfg, tokenizer):

@@ -1,13 +1,14 @@
 """`tcal eval`: the tasks of ``--tasks`` (:mod:`tcal.evaluate.tasks`) on a saved hybrid, any teacher, a GGUF in
 llama.cpp, or answers generated elsewhere.
 
-``ppl`` (the default) prints the held-out perplexity of ``--data`` and its protocol, and writes nothing. Every other
-task writes its report into ``--out`` (one atomic directory for all of them): the retrieval tasks niah.json (every
-sample), niah.md (task x length table) and niah.png (depth x length heat map per task); ``humaneval``
-humaneval.json and humaneval.md (pass@1, every problem's answer and verdict; ``--allow-code-execution``); the
-harness tasks lm_eval.json, lm_eval_samples.json and lm_eval.md. Each task keeps its finished pieces ((task, length)
-cells, answers, harness tasks) in ``OUT.partial/`` so that an interrupted run continues where it stopped.
-``--tasks list`` lists every task.
+Every task writes its report into ``--out`` (one atomic directory for all of them): ``ppl`` ppl.json and ppl.md;
+the retrieval tasks niah.json (every sample), niah.md (task x length table) and niah.png (depth x length heat map per
+task); ``humaneval`` humaneval.json and humaneval.md (pass@1, every problem's answer and verdict;
+``--allow-code-execution``); the harness tasks lm_eval.json, lm_eval_samples.json and lm_eval.md. ``ppl`` alone (the
+default task) prints its report and writes nothing unless ``--out`` is given; the others write into ``runs/eval``
+unless told another ``--out``. Each task keeps its finished pieces ((task, length) cells, answers, harness tasks) in
+``OUT.partial/`` (:mod:`tcal.utils.partial`) so that an interrupted run continues where it stopped, with the same
+settings. ``--tasks list`` lists every task.
 
 The old spellings (``--task``, ``--lm-eval``, ``--lengths``, ``--samples``, ``--limit``, ``--lm-eval-limit``,
 ``--window``, ``--windows``) still work: each maps onto ``--tasks`` with a one-line warning.
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from tcal.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
 from tcal.evaluate.task import Progress, TaskArgs
 from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
+from tcal.utils.partial import MARK, read_mark
+
+DEFAULT_OUT = "runs/eval"  # where the tasks that always write a report write it
 
 
 @dataclass
@@ -44,7 +48,8 @@ class EvalConfig(TaskArgs, DeviceArgs, OutArgs):
     threads: int | None = arg(None, "humaneval with --engine llama.cpp: CPU threads (default: all cores)")
     lm_eval_data: str = arg("shakespeare:eval", "lm-eval: held-out text the local tasks are built from (an "
                                                 "evaluation split that nothing else reads)")
-    out: str = arg("runs/eval", "every task but ppl: output directory (written atomically)")
+    out: str = arg("", f"output directory (written atomically); default {DEFAULT_OUT}, and none for ppl alone, which "
+                       "then prints its report only")
     progress: bool = arg(True, "progress bars")
     dtype: str = arg("float32", "float32 or bfloat16")
     # the old spellings, each mapped onto --tasks (fold_old_flags)
@@ -61,8 +66,6 @@ class EvalConfig(TaskArgs, DeviceArgs, OutArgs):
 # old flag -> (the task whose specs it sizes, which part of a spec it sets)
 _SIZES = {"lengths": ("niah", "lengths"), "samples": ("niah", "count"), "limit": ("humaneval", "count"),
           "lm_eval_limit": ("lm-eval", "count"), "window": ("ppl", "lengths"), "windows": ("ppl", "count")}
-# what the flags below are read by, beyond the tasks' own options
-_MODEL_FLAGS, _REPORT_FLAGS = ("dtype", "device"), ("out", "overwrite")
 
 
 def fold_old_flags(cfg: EvalConfig):
@@ -72,6 +75,7 @@ def fold_old_flags(cfg: EvalConfig):
     from tcal.evaluate.task import TaskSpec, parse_tasks
     from tcal.evaluate.tasks.lm_eval import LOCAL, PREFIX
     from tcal.utils.errors import TcalError
+    from tcal.utils.flags import unread_error
 
     specs, used = parse_tasks(cfg.tasks), []
     if cfg.task.strip():
@@ -98,8 +102,7 @@ def fold_old_flags(cfg: EvalConfig):
             raise TcalError(f"{flag} must be at least 1, got {getattr(cfg, name)}")
         kind = T.TASKS[task]
         if not any(kind.accepts(s.name) for s in specs):
-            raise TcalError(f"{flag} is read by {task} only, and this run is {_names(specs)}: drop {flag}, or pass "
-                            "the task it belongs to")
+            raise unread_error(flag, task, _names(specs))
         specs = [dataclasses.replace(s, **{part: value}) if kind.accepts(s.name) and not getattr(s, part) else s
                  for s in specs]
     return specs, used
@@ -132,33 +135,38 @@ def build_tasks(cfg: EvalConfig):
         if t.needs_teacher:
             raise TcalError(f"{t.name} compares a model with its teacher, and tcal eval reads one model: it scores in "
                             "tcal distill and tcal recover")
-        if len(built) > 1 and (not t.writes or not t.uses_model):
-            raise TcalError(f"{t.run_name} runs on its own (it {'prints its report' if not t.writes else 'reads no model'}"
-                            f"): run it and {', '.join(x.run_name for x in built if x is not t)} separately")
+        if len(built) > 1 and not t.uses_model:
+            raise TcalError(f"{t.run_name} runs on its own (it reads no model): run it and "
+                            f"{', '.join(x.run_name for x in built if x is not t)} separately")
         t.check_eval()
     T.check_code_execution(built, cfg.allow_code_execution)
     return built
 
 
-def check_flags(cfg: EvalConfig, built) -> None:
-    """A flag no task of this run reads is an error, not silently ignored; MODEL too where no task reads a model."""
-    from tcal.evaluate import tasks as T
-    from tcal.utils.errors import TcalError
+def output(cfg: EvalConfig, built) -> str | None:
+    """Where this run writes its report: --out, else the default for tasks that always write one (None: ppl alone
+    prints its report)."""
+    if cfg.out:
+        return cfg.out
+    return DEFAULT_OUT if any(not t.prints for t in built) else None
 
-    reads = {f for t in built for f in t.reads} | ({*_REPORT_FLAGS} if any(t.writes for t in built) else set())
-    defaults = EvalConfig()
-    for name in sorted({f for t in T.TASKS.values() for f in t.options} | {*_MODEL_FLAGS, *_REPORT_FLAGS}):
-        if name in reads or not hasattr(cfg, name) or getattr(cfg, name) == getattr(defaults, name):
-            continue
-        flag = "--" + name.replace("_", "-")
-        readers = ("the tasks that load the model" if name in _MODEL_FLAGS else
-                   "the tasks that write a report (all but ppl)" if name in _REPORT_FLAGS else
-                   " or ".join(t.name for t in T.TASKS.values() if name in t.options and not t.needs_teacher))
-        raise TcalError(f"{flag} is read by {readers} only, and this run is {', '.join(t.run_name for t in built)}: "
-                        f"drop {flag}, or pass the task it belongs to")
-    if "model" not in reads and cfg.model != defaults.model:
-        raise TcalError(f"this run ({', '.join(t.run_name for t in built)}) scores answers already written: no model is "
-                        f"read, so drop MODEL ({cfg.model})")
+
+def check_flags(cfg: EvalConfig, built) -> None:
+    """A flag no task of this run reads is an error, not silently ignored (:mod:`tcal.utils.flags`); MODEL too where
+    no task reads a model."""
+    from tcal.evaluate import tasks as T
+    from tcal.evaluate.task import TaskOptions
+    from tcal.utils.errors import TcalError
+    from tcal.utils.flags import Reader, refuse_unread
+
+    fields = {f.name for f in dataclasses.fields(TaskOptions)} - {"model", "progress"} | {"allow_code_execution"}
+    run_name = ", ".join(t.run_name for t in built)
+    refuse_unread(cfg, [*T.readers(built, fields), Reader("the tasks that load the model", ("dtype", "device"), False),
+                        Reader("a run that writes its report (--out)", ("overwrite",),
+                               output(cfg, built) is not None)], run_name)
+    if not any("model" in t.reads for t in built) and cfg.model != EvalConfig().model:
+        raise TcalError(f"this run ({run_name}) scores answers already written: no model is read, so drop MODEL "
+                        f"({cfg.model})")
 
 
 def run(cfg: EvalConfig):
@@ -169,15 +177,23 @@ def run(cfg: EvalConfig):
         print(T.listing())
         return {"tasks": list(T.TASKS)}
     built = build_tasks(cfg)
-    writes = any(t.writes for t in built)
-    out, kept = None, {}
-    if writes:
+    where = output(cfg, built)
+    out = work = None
+    kept = {}
+    if where is not None:
         from tcal.utils.atomic import check_out
+        from tcal.utils.partial import open_work
 
-        out = check_out(cfg.out, "eval", cfg.overwrite)
-        kept = {t.name: _kept_state(out, *t.state) for t in built if t.state}
+        cfg.out = where
+        out = check_out(where, "eval", cfg.overwrite)
+        work = open_work(out, "eval", resumes=False, legacy=legacy_eval)  # eval resumes whatever it kept
+        kept = {t.name: _kept_state(work, *t.state) for t in built if t.state}
     for t in built:
         t.check()
+        if kept.get(t.name):  # kept work of other settings: refused before anything loads
+            saved = kept[t.name]["settings"]
+            known = {k: v for k, v in t.known_settings().items() if k in saved}
+            _same_settings(work, t, {k: saved[k] for k in known}, known)
     model = tokenizer = None
     load_s = 0.0
     if any(t.uses_model for t in built):
@@ -185,12 +201,12 @@ def run(cfg: EvalConfig):
     results = {}
     for t in built:
         t.prepare(model, tokenizer)
-        results[t.name] = t.run(model, tokenizer, _Keep(out, t, kept.get(t.name), load_s) if writes else _Print())
-    if not writes:
+        results[t.name] = t.run(model, tokenizer, _Keep(work, t, kept.get(t.name), load_s) if out else _Print())
+    if out is None:
         for t in built:
             print(t.headline(results[t.name], {}))
         return results[built[0].name] if len(built) == 1 else results
-    _finish(cfg, out, built, results)
+    _finish(cfg, out, work, built, results)
     return results[built[0].name] if len(built) == 1 else results
 
 
@@ -210,11 +226,8 @@ def _load(cfg: EvalConfig, built):
     return model, tokenizer, load_s
 
 
-def _finish(cfg: EvalConfig, out, built, results) -> None:
-    import shutil
-
+def _finish(cfg: EvalConfig, out, work, built, results) -> None:
     from tcal.evaluate.task import join_tasks
-    from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import atomic_dir, write_json, written_files
 
     files = {t.name: t.report(results[t.name], cfg.model) for t in built}
@@ -229,9 +242,7 @@ def _finish(cfg: EvalConfig, out, built, results) -> None:
         # the tasks as --tasks spells them, whichever spelling the run was given
         write_json(tmp / "tcal_config.json", {"stage": "eval", **dataclasses.asdict(cfg),
                                               "tasks": join_tasks([s for t in built for s in t.specs])})
-    partial = partial_dir(out)
-    if (partial / PARTIAL_MARK).is_file():  # tcal's own unfinished work, now finished
-        shutil.rmtree(partial, ignore_errors=True)
+    work.discard()  # tcal's own unfinished work, now finished
     for t in built:
         print(t.headline(results[t.name], files[t.name]))
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
@@ -249,52 +260,58 @@ class _Print(Progress):
 
 class _Keep(_Print):
     """A task's kept work in OUT.partial/: the state an interrupted run left (:func:`_kept_state`), reused where
-    the settings match, and written after each finished piece."""
+    the settings match (other settings are refused), and written after each finished piece."""
 
-    def __init__(self, out, task, kept: dict | None, load_s: float):
-        self.out, self.task, self.kept, self.load_s = out, task, kept or {}, load_s
-        self.file = self.current = None
+    def __init__(self, work, task, kept: dict | None, load_s: float):
+        self.work, self.task, self.kept, self.load_s = work, task, kept or {}, load_s
+        self.current = None
 
     def resume(self, settings: dict) -> dict:
         _, key, _ = self.task.state
-        _, self.file, self.current = _resume(self.out, self.task.state[0], settings, key, self.kept)
+        if self.kept:
+            _same_settings(self.work, self.task, self.kept.get("settings"), settings)
+        self.current = self.kept if self.kept else {"settings": settings, key: {}}
         return self.current
 
     def save(self, message: str) -> None:
-        from tcal.utils.atomic import write_json
-
-        write_json(self.file, self.current)
+        self.work.write_json(self.task.state[0], self.current)
         super().save(message)
 
 
-PARTIAL_MARK = ".tcal_partial"  # in OUT.partial: {"stage": "eval"}; what makes that folder tcal's own
+def _same_settings(work, task, saved: dict, now: dict) -> None:
+    """Kept work is reused with the settings it was made with only; other settings are a one-line error, and the
+    kept work stays."""
+    from tcal.utils.errors import TcalError
+    from tcal.utils.partial import differing
+
+    if saved != now:
+        raise TcalError(f"cannot resume {work.path / task.state[0]}: {task.name}'s settings changed "
+                        f"({', '.join(differing(saved, now))}); rerun with the same settings, or delete {work.path} "
+                        "to start this evaluation over")
 
 
-def _kept_state(out, name: str, key: str, kind) -> dict:
-    """The state an interrupted run kept in OUT.partial/NAME (``{}`` where there is none), read before any work.
+PARTIAL_MARK = MARK  # what makes OUT.partial tcal's own (tcal.utils.partial)
 
-    OUT.partial must be tcal's own (it holds PARTIAL_MARK): a folder of that name that tcal did not write is
-    refused, never used or deleted. A state file that is not the shape tcal writes (entries under ``key`` of type
-    ``kind``) is refused too."""
+
+def legacy_eval(partial):
+    """(the state files, no settings) of an unfinished evaluation whose mark lists no files (a tcal before the marks
+    listed them): its top-level JSON files, the tasks' states; None for a folder without the mark."""
+    mark = read_mark(partial)
+    if not (mark and mark.get("stage") == "eval"):
+        return None
+    return [p.name for p in partial.iterdir() if p.is_file() and p.suffix == ".json" and p.name != MARK], None
+
+
+def _kept_state(work, name: str, key: str, kind) -> dict:
+    """The state an interrupted run kept in OUT.partial/NAME (``{}`` where there is none), read before any work
+    (:func:`tcal.utils.partial.open_work` checked the folder is tcal's). A state file that is not the shape tcal
+    writes (entries under ``key`` of type ``kind``) is refused."""
     import json
 
-    from tcal.train.checkpoint import partial_dir
     from tcal.utils.errors import TcalError
 
-    partial = partial_dir(out)
-    if not (partial.exists() or partial.is_symlink()):
-        return {}
-    try:
-        mark = json.loads((partial / PARTIAL_MARK).read_text()) if partial.is_dir() and not partial.is_symlink() \
-            else None
-    except (OSError, ValueError):
-        mark = None
-    if not (isinstance(mark, dict) and mark.get("stage") == "eval"):
-        raise TcalError(f"{partial} exists and is not an unfinished `tcal eval` of this output (it has no "
-                        f"{PARTIAL_MARK}); tcal keeps its unfinished work there, so move it away or choose another "
-                        "--out")
-    state_file = partial / name
-    if not state_file.exists():
+    state_file = work.path / name
+    if not work.exists or name not in work.files or not state_file.exists():
         return {}
     try:
         state = json.loads(state_file.read_text())
@@ -304,20 +321,6 @@ def _kept_state(out, name: str, key: str, kind) -> dict:
     if not (isinstance(state, dict) and isinstance(state.get("settings"), dict) and isinstance(entries, dict)
             and all(isinstance(k, str) and isinstance(v, kind) and not isinstance(v, bool)
                     for k, v in entries.items())):
-        raise TcalError(f"{state_file} is damaged (not the state tcal writes); delete {partial} to start this "
+        raise TcalError(f"{state_file} is damaged (not the state tcal writes); delete {work.path} to start this "
                         "evaluation over")
     return state
-
-
-def _resume(out, name: str, settings: dict, key: str, kept: dict):
-    """(OUT.partial, its state file, the state): the finished ``key`` entries ``kept`` by an interrupted run
-    with the same settings (:func:`_kept_state`), or none. OUT.partial gets tcal's mark before anything else."""
-    from tcal.train.checkpoint import partial_dir
-    from tcal.utils.atomic import write_json
-
-    partial = partial_dir(out)
-    state = kept if kept.get("settings") == settings else {"settings": settings, key: {}}
-    partial.mkdir(parents=True, exist_ok=True)
-    if not (partial / PARTIAL_MARK).is_file():
-        write_json(partial / PARTIAL_MARK, {"stage": "eval"})
-    return partial, partial / name, state

@@ -47,14 +47,47 @@ class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
     progress: bool = arg(True, "progress bars")
 
 
+ANSWERS_LOG = "answers.jsonl"  # in OUT.partial: the teacher's answers so far, one JSON line per task
+
+
+def answer_settings(cfg: InstructConfig) -> dict:
+    """What the teacher's answers depend on: a resumed run must give the same (the other settings only pack them)."""
+    return {k: getattr(cfg, k) for k in ("teacher", "sources", "answers", "max_tasks", "max_new_tokens")}
+
+
+def legacy_answers(work: Path):
+    """(the files, no settings) of an instruct run's partial folder from a tcal that did not mark it: its
+    answers.jsonl, every whole line a task's key and answer; else None."""
+    try:
+        lines = (work / ANSWERS_LOG).read_text().splitlines()
+        records = [json.loads(line) for line in lines[:-1]]
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not lines or not all(isinstance(r, dict) and set(r) == {"key", "answer"} for r in records):
+        return None
+    return [ANSWERS_LOG], None
+
+
+def readers(cfg: InstructConfig):
+    """Who reads which flag (:mod:`tcal.utils.flags`): --samples packs answers already written, so nothing that finds
+    tasks or asks the teacher is read; reference answers ask the teacher nothing."""
+    from tcal.utils.flags import Reader
+
+    fresh = not cfg.samples
+    return [Reader("a run that finds its tasks (without --samples)", ("sources", "answers", "max_tasks", "dev_tasks",
+                                                                         "device"), fresh),
+            Reader("a run that asks the teacher (--answers teacher, without --samples)",
+                   ("max_new_tokens", "batch_size", "resume"), fresh and cfg.answers == "teacher")]
+
+
 def check(cfg: InstructConfig) -> None:
     from tcal.utils.errors import TcalError
 
-    if cfg.dev_tasks < 0 or cfg.dev_tasks >= cfg.max_tasks:
-        raise TcalError(f"--dev-tasks must be in [0, --max-tasks), got {cfg.dev_tasks}")
     for name in ("max_tasks", "max_new_tokens", "seq_len"):
         if getattr(cfg, name) < 1:
             raise TcalError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.dev_tasks < 0 or cfg.dev_tasks >= cfg.max_tasks:
+        raise TcalError(f"--dev-tasks must be in [0, --max-tasks {cfg.max_tasks}), got {cfg.dev_tasks}")
     if cfg.batch_size < 0:
         raise TcalError(f"--batch-size must be >= 0 (0: the device's default), got {cfg.batch_size}")
     if cfg.answers not in ANSWERS:
@@ -102,18 +135,19 @@ def run(cfg: InstructConfig) -> dict:
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import tokenizer_id
     from tcal.evaluate.humaneval import load_problems
-    from tcal.train.checkpoint import partial_dir
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.errors import TcalError
+    from tcal.utils.flags import refuse_unread
+    from tcal.utils.partial import open_work
     from tcal.utils.runtime import resolve_device
 
+    refuse_unread(cfg, readers(cfg), f"--samples {cfg.samples}" if cfg.samples else f"--answers {cfg.answers}")
     check(cfg)
     if cfg.samples:
         return repack(cfg)
     out = check_out(cfg.out, "instruct", cfg.overwrite)
-    work = partial_dir(out)
-    if work.exists() and not cfg.resume:
-        raise TcalError(f"{work} holds an interrupted `tcal instruct`; pass --resume to continue it, or delete it")
+    work = open_work(out, "instruct", settings=answer_settings(cfg), resume=cfg.resume,
+                     progress=lambda w: bool(w.files) and (w.path / ANSWERS_LOG).is_file(), legacy=legacy_answers)
     # HumanEval's problems are evaluation text: no task may share a 13-gram with their prompts or tests
     exclude = [p.prompt + "\n" + p.test for p in load_problems()]
     sources = [s.strip() for s in cfg.sources.split(",") if s.strip()]
@@ -136,13 +170,15 @@ def run(cfg: InstructConfig) -> dict:
     answers: dict = {}  # reference answers: render() takes each task's own function
     gen_s = 0.0
     if cfg.answers == "teacher":
-        work.mkdir(parents=True, exist_ok=True)
-        answers, gen_s = teacher_answers(teacher, tokenizer, tasks, cfg, work / "answers.jsonl")
+        answers, gen_s = teacher_answers(teacher, tokenizer, tasks, cfg, work)
     kept = [t for t in tasks if cfg.answers == "reference" or answers.get(t.key)]
     if not kept:
         raise TcalError(f"the teacher finished none of the {len(tasks)} tasks' code blocks within --max-new-tokens "
                         f"{cfg.max_new_tokens}; raise it, or use --answers reference")
     train_tasks, dev_tasks = split_tasks(kept, cfg.dev_tasks)
+    if not train_tasks:
+        raise TcalError(f"all {len(kept)} tasks kept are development tasks (--dev-tasks {cfg.dev_tasks}), so none is "
+                        "left to train on: lower --dev-tasks, or raise --max-tasks")
     rendered = [render(tokenizer, t, answers.get(t.key)) for t in train_tasks]
     ids, mask = pack(rendered, cfg.seq_len, pad_id(tokenizer))
     dev = chat_windows(tokenizer, dev_tasks, cfg.seq_len, answers) if dev_tasks else None
@@ -162,7 +198,7 @@ def run(cfg: InstructConfig) -> dict:
         write_json(tmp / "tcal_config.json", {"stage": "instruct", **dataclasses.asdict(cfg)})
         (tmp / "report.md").write_text(report_markdown(cfg, {**manifest, "windows": int(ids.shape[0]),
                                                              "loss_tokens": int(mask.sum())}))
-    shutil.rmtree(work, ignore_errors=True)
+    work.discard()
     del teacher
     if str(device).startswith("cuda"):
         torch.cuda.empty_cache()
@@ -173,18 +209,31 @@ def run(cfg: InstructConfig) -> dict:
 
 def repack(cfg: InstructConfig) -> dict:
     """`tcal instruct --samples FILE`: the windows of an earlier run's prompts and answers, under this tokenizer."""
-    from tcal.data.instruct import count_fitting, pack, pad_id, read_samples, render_texts, save_instruct_set
+    from tcal.data.instruct import (
+        check_template,
+        count_fitting,
+        pack,
+        pad_id,
+        read_samples,
+        render_texts,
+        save_instruct_set,
+    )
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import tokenizer_id
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
+    from tcal.utils.errors import TcalError
 
     t0 = time.time()
     samples = read_samples(cfg.samples)
     out = check_out(cfg.out, "instruct", cfg.overwrite)
     _, tokenizer = load_teacher(cfg.teacher, device="cpu")
+    check_template(tokenizer, samples, cfg.samples, cfg.teacher)
     # each sample rendered once: the windows and the count of those too long for one both read it
     train, dev = ([render_texts(tokenizer, s["prompt"], s["answer"]) for s in samples if s["split"] == part]
                   for part in ("train", "dev"))
+    if not train:
+        raise TcalError(f"{cfg.samples} holds development samples only, none to train on; give the samples.jsonl of "
+                        "a run with training samples")
     ids, mask = pack(train, cfg.seq_len, pad_id(tokenizer))
     dev_windows = pack(dev, cfg.seq_len, pad_id(tokenizer)) if dev else None
     sources: dict = {}
@@ -194,12 +243,13 @@ def repack(cfg: InstructConfig) -> dict:
     fitted = count_fitting(train, cfg.seq_len)
     manifest = {"teacher": cfg.teacher, "answers": f"samples {Path(cfg.samples).name}", "sources": sources,
                 "tasks": len(samples), "samples": fitted, "dev_tasks": len(dev), "dropped_unfinished": 0,
-                "dropped_too_long": len(train) - fitted,
-                "max_new_tokens": cfg.max_new_tokens, "tokenizer": {"id": tokenizer_id(tokenizer)},
+                "dropped_too_long": len(train) - fitted, "tokenizer": {"id": tokenizer_id(tokenizer)},
                 "generate_s": 0.0, "excluded": f"as in {cfg.samples}"}
+    # the samples keep tcal's own name in the set (a file of the user's, or the set's manifest, is never replaced)
+    copy = "samples.jsonl.xz" if Path(cfg.samples).suffix == ".xz" else "samples.jsonl"
     with atomic_dir(out) as tmp:
         save_instruct_set(tmp, ids, mask, manifest, dev_windows)
-        shutil.copyfile(cfg.samples, tmp / Path(cfg.samples).name)
+        shutil.copyfile(cfg.samples, tmp / copy)
         write_json(tmp / "tcal_config.json", {"stage": "instruct", **dataclasses.asdict(cfg)})
         (tmp / "report.md").write_text(report_markdown(cfg, {**manifest, "windows": int(ids.shape[0]),
                                                              "loss_tokens": int(mask.sum())}))
@@ -209,13 +259,15 @@ def repack(cfg: InstructConfig) -> dict:
     return manifest
 
 
-def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -> tuple[dict, float]:
+def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, work) -> tuple[dict, float]:
     """The teacher's greedy answer to every task (up to the end of its first code block; None where it did not
-    finish one), appended to ``log`` after every batch and read back from it on a resumed run."""
+    finish one), appended to the work's :data:`ANSWERS_LOG` after every batch and read back from it on a resumed
+    run."""
     from tcal.data.instruct import end_of_turn_id, prompt_text
     from tcal.engines.tcal_generate import default_batch_size, generate_greedy
 
     done: dict = {}
+    log = work.path / ANSWERS_LOG
     if log.is_file():
         for line in log.read_text().splitlines():
             try:
@@ -231,6 +283,7 @@ def teacher_answers(teacher, tokenizer, tasks, cfg: InstructConfig, log: Path) -
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(tasks), initial=len(done), desc="teacher answers", unit="task", disable=not cfg.progress)
+    work.record(ANSWERS_LOG)
     with open(log, "a") as f:
         for s in range(0, len(order), batch):
             idx = order[s:s + batch]
@@ -257,14 +310,21 @@ def code_block_end(text: str) -> int | None:
     return None if close < 0 else close + 3
 
 
+def answers_line(cfg: InstructConfig, m: dict) -> str:
+    if cfg.samples:
+        return f"- answers: as written in {cfg.samples}, packed again"
+    if cfg.answers == "reference":
+        return "- answers: each function as written"
+    return (f"- answers: the teacher's own (greedy, up to the end of its first code block); "
+            f"{m['dropped_unfinished']:,} tasks left unanswered within {cfg.max_new_tokens} tokens were dropped")
+
+
 def report_markdown(cfg: InstructConfig, m: dict) -> str:
     src = ", ".join(f"{k} ({v:,} tasks)" for k, v in m["sources"].items())
     return "\n".join([
         f"# Instruct set for {cfg.teacher}", "",
         f"- tasks: documented functions of {src}; left out: {m['excluded']}",
-        f"- answers: {'the teacher' + chr(39) + 's own (greedy, up to the end of its first code block)' if cfg.answers == 'teacher' else 'each function as written'}"
-        + (f"; {m['dropped_unfinished']:,} tasks left unanswered within {cfg.max_new_tokens} tokens were dropped"
-           if cfg.answers == "teacher" else ""),
+        answers_line(cfg, m),
         f"- samples: {m['samples']:,} in {m['windows']:,} windows of {cfg.seq_len} tokens ({m['dropped_too_long']:,} "
         f"longer than a window dropped); {m['loss_tokens']:,} answer tokens carry the loss",
         f"- development set: {m['dev_tasks']:,} tasks held out by a hash of their key (dev_ids.npy, dev_mask.npy): "

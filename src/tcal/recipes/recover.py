@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -69,16 +68,17 @@ def _distill_config(cfg: RecoverConfig, init: str, run_dir: Path) -> DistillConf
                          data=str(cfg.data), tokens=cfg.tokens, out=str(run_dir))
 
 
-def _start(cfg: RecoverConfig, world, tasks) -> tuple[list[str], list[int], Path]:
+def _start(cfg: RecoverConfig, world, tasks, given):
     """Check every argument, then open (or reopen, with --resume) the partial directory (rank 0)."""
-    from tcal.conversion.inits import get_init, parse_inits
+    from tcal.conversion.inits import get_init, init_readers, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.train import distributed as D
-    from tcal.train.checkpoint import partial_dir
+    from tcal.train.config import run_words
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
+    from tcal.utils.flags import refuse_unread
 
     # check_train_options ran in run(), before the process group was joined
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
@@ -92,38 +92,55 @@ def _start(cfg: RecoverConfig, world, tasks) -> tuple[list[str], list[int], Path
     inits = parse_inits(cfg.inits)
     keep = parse_keep(cfg.keep)
     if isinstance(keep, str):
-        raise TcalError(f"--keep {cfg.keep!r} is not a list of layer indices like 0,4,8")
+        raise TcalError(f"--keep {cfg.keep!r}: tcal recover takes the kept layers as a list like 0,4,8 (every init "
+                        "converts the same ones); a policy picks them per teacher: see which with tcal convert --keep "
+                        f"{cfg.keep} and list them")
     parse_policy(keep, num_layers=None)
     if not str(cfg.data).strip():
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
+    recall = cfg.recall_on(world.device)
+    refuse_unread(given, init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+                  run_words(f"tcal recover --inits {','.join(inits)}", tasks))
     if any(get_init(i).calibrated for i in inits):
         cfg.check_calib()
     check_training_data(cfg, [text for t in tasks for text in t.texts()])  # a pool or an instruct set: token ids
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
     if any(get_init(i).calibrated for i in inits):
         check_no_eval_text(cfg.calib, [cfg.eval], role="calibration data")
-    work = partial_dir(out)
-    D.on_main(world, lambda: _open_work(cfg, work))
+    work = D.on_main(world, lambda: _open_work(cfg, out))
     return inits, keep, work
 
 
-def _open_work(cfg: RecoverConfig, work: Path) -> None:
+def _open_work(cfg: RecoverConfig, out: Path):
+    """The recovery's unfinished work in OUT.partial (:func:`tcal.utils.partial.open_work`): resumed with
+    --resume and the same settings, started over where it holds nothing to resume, refused where tcal did not
+    write it."""
     from tcal.train.config import changed_settings
-    from tcal.utils.atomic import write_json
-    from tcal.utils.errors import TcalError
+    from tcal.utils.partial import open_work
 
-    if work.exists() and not has_progress(work):  # a failed start saved nothing: nothing to resume
-        shutil.rmtree(work)
-    if work.exists() and not cfg.resume:
-        raise TcalError(f"{work} holds an interrupted recovery run; pass --resume to continue it, or delete it")
-    if work.exists():
-        saved_file = work / "recover_config.json"
-        saved = json.loads(saved_file.read_text()) if saved_file.is_file() else {}
-        diff = changed_settings(saved, dataclasses.asdict(cfg), free=RESUME_FREE)
-        if saved and diff:
-            raise TcalError(f"cannot resume {work}: settings changed ({', '.join(diff)}); use the same settings")
-    work.mkdir(parents=True, exist_ok=True)
-    write_json(work / "recover_config.json", dataclasses.asdict(cfg))
+    return open_work(out, "recover", settings=dataclasses.asdict(cfg), resume=cfg.resume,
+                     progress=lambda w: has_progress(w.path),
+                     changed=lambda saved, now: changed_settings(saved, now, free=RESUME_FREE), legacy=legacy_work)
+
+
+def legacy_work(work: Path):
+    """(the files, the settings) of a recovery's partial folder from a tcal that did not mark it: known by its
+    recover_config.json; else None."""
+    from tcal.utils.atomic import tree_files
+
+    try:
+        settings = json.loads((work / "recover_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(settings, dict):
+        return None
+    files = [p.name for p in work.iterdir() if p.is_file() and (p.name in ("recover_config.json", "teacher_ppl.json")
+                                                                or p.name.endswith(".init.json"))]
+    for d in work.iterdir():
+        # a saved conversion, a finished run (its report.json) or one kept as <init>-init
+        if d.is_dir() and (d.name.endswith((".converted", "-init")) or (d / "report.json").is_file()):
+            files += [f"{d.name}/{f}" for f in tree_files(d, skip=())]
+    return files, settings
 
 
 def has_progress(work: Path) -> bool:
@@ -131,25 +148,27 @@ def has_progress(work: Path) -> bool:
     with a checkpoint or a finished output."""
     from tcal.train.checkpoint import finished_report, has_checkpoint
 
+    if not work.is_dir():
+        return False
     if any(work.glob("*.init.json")):
         return True
     return any(d.is_dir() and (has_checkpoint(d) or finished_report(d) is not None) for d in work.iterdir())
 
 
-def _teacher_ppl(cfg: RecoverConfig, work: Path, teacher, eval_ids) -> float:
+def _teacher_ppl(cfg: RecoverConfig, work, teacher, eval_ids) -> float:
     """The teacher's PPL once, with the same protocol as every curve point (kept across resumes)."""
     from tcal.evaluate import window_ppl
-    from tcal.utils.atomic import write_json
 
-    tfile = work / "teacher_ppl.json"
+    tfile = work.path / "teacher_ppl.json"
     if tfile.is_file():
         return json.loads(tfile.read_text())["ppl"]
     ppl = window_ppl(teacher, eval_ids, batch_size=4, progress=cfg.progress, desc="teacher PPL")
-    write_json(tfile, {"ppl": ppl, "eval": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows})
+    work.write_json("teacher_ppl.json", {"ppl": ppl, "eval": cfg.eval, "window": cfg.eval_window,
+                                         "windows": cfg.eval_windows})
     return ppl
 
 
-def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work: Path, world):
+def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work, world):
     """The init's weights before training, converted now or loaded from an earlier call: a call
     killed between a long calibration and the first checkpoint does not calibrate again. Under
     torchrun every rank converts (calibration spreads its layers over the ranks) and rank 0 saves."""
@@ -160,11 +179,10 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
     from tcal.data.streams import eval_windows_for
     from tcal.train import distributed as D
     from tcal.train.checkpoint import load_model, save_model
-    from tcal.utils.atomic import write_json
     from tcal.utils.runtime import model_device
 
     main = world.is_main()
-    converted, info_file = work / f"{init}.converted", work / f"{init}.init.json"
+    converted, info_file = work.path / f"{init}.converted", work.path / f"{init}.init.json"
     if D.on_main(world, lambda: converted.is_dir() and info_file.is_file()):
         if main:
             print(f"{init}: converted earlier, loaded from {converted}")
@@ -191,12 +209,9 @@ def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, 
             "init_report": jsonable(conv.record)}
 
     def save():
-        tmp = work / f"{init}.converted.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(conv.hybrid, tmp)
-        shutil.rmtree(converted, ignore_errors=True)
-        tmp.rename(converted)
-        write_json(info_file, info)  # last: it marks the saved conversion complete
+        with work.dir(converted.name) as tmp:
+            save_model(conv.hybrid, tmp)
+        work.write_json(info_file.name, info)  # last: it marks the saved conversion complete
         print(f"{init}: converted in {info['convert_s']:.1f} s")
 
     D.on_main(world, save)
@@ -208,24 +223,26 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
     every rank runs this; rank 0 alone writes and prints."""
     from tcal.train import distributed as D
     from tcal.train.config import check_train_options, curve_tasks
+    from tcal.utils.flags import as_given
     from tcal.utils.runtime import resolve_device
 
+    given = as_given(cfg)
     check_train_options(cfg, cfg.tokens)
     tasks = curve_tasks(cfg, "tcal recover")
     world = D.init_from_env(resolve_device(cfg.device), cfg.dist_timeout)
     try:
-        inits, keep, work = _start(cfg, world, tasks)
+        inits, keep, work = _start(cfg, world, tasks, given)
         try:
             return _run(cfg, inits, keep, work, callback, world, tasks)
         except BaseException:
-            if world.is_main() and work.exists() and not has_progress(work):  # nothing a rerun could resume
-                shutil.rmtree(work, ignore_errors=True)
+            if world.is_main() and not has_progress(work.path):  # nothing a rerun could resume
+                work.discard()
             raise
     finally:
         D.destroy(world)
 
 
-def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) -> dict:
+def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     import torch
 
     from tcal.data.streams import eval_windows_for
@@ -251,18 +268,19 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) ->
     # --max-minutes bounds this whole call (conversions included); each run gets what is left.
     deadline = t0 + cfg.max_minutes * 60 if cfg.max_minutes else None
     for init in inits:
-        run_dir = work / init
-        info_file = work / f"{init}.init.json"
+        run_dir = work.path / init
+        info_file = work.path / f"{init}.init.json"
         done = finished_report(run_dir)
         if done is not None and done.get("status") == "done" and not partial_dir(run_dir).exists():
             reports[init] = done
+            D.on_main(world, lambda: work.adopt(init))  # published by a run killed before it was recorded
             init_info[init] = json.loads(info_file.read_text()) if info_file.is_file() else {}
             say(f"{init}: finished earlier, final PPL {done['final_ppl']:.3f}")
             continue
         if deadline is not None and D.any_rank(time.time() >= deadline, world):
-            say(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work})",
+            say(f"tcal recover: --max-minutes reached before run {init}; rerun with --resume ({work.path})",
                 file=sys.stderr)
-            return {"status": "paused", "init": init, "work": str(work)}
+            return {"status": "paused", "init": init, "work": str(work.path)}
         student, info = None, {}
         if not has_checkpoint(run_dir):
             student, info = _converted_student(cfg, init, keep, teacher, tokenizer, work, world)
@@ -271,7 +289,7 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) ->
         dcfg = _distill_config(cfg, init, run_dir)
         if deadline is not None:  # a positive remainder: at worst the run checkpoints right after step 0
             dcfg.max_minutes = max((deadline - time.time()) / 60, 1e-6)
-        partial = D.on_main(world, lambda: start_partial(run_dir, resume=True))
+        partial = D.on_main(world, lambda: start_partial(run_dir, True, dataclasses.asdict(dcfg)))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
                                   teacher_probes=next((r["teacher_probes"] for r in reports.values()
@@ -280,19 +298,22 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) ->
                                   probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens)
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
-            say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work})", file=sys.stderr)
-            return {"status": "paused", "init": init, "work": str(work)}
+            say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work.path})",
+                file=sys.stderr)
+            return {"status": "paused", "init": init, "work": str(work.path)}
 
-        def publish_run(student=student):
-            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}", tasks=tasks)
-            converted = work / f"{init}.converted"
-            if cfg.keep_init and converted.is_dir():
-                if tokenizer is not None:
-                    tokenizer.save_pretrained(converted)
-                shutil.rmtree(work / f"{init}-init", ignore_errors=True)
-                converted.rename(work / f"{init}-init")
+        def publish_run(student=student, partial=partial):
+            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}", tasks=tasks,
+                       work=partial)
+            work.adopt(init)
+            converted = f"{init}.converted"
+            if cfg.keep_init and (work.path / converted).is_dir():
+                if tokenizer is not None:  # a loadable hybrid with its tokenizer
+                    saved = tokenizer.save_pretrained(work.path / converted)
+                    work.record(*(Path(f).relative_to(work.path).as_posix() for f in saved))
+                work.move(converted, f"{init}-init")
             else:
-                shutil.rmtree(converted, ignore_errors=True)  # the run's output holds the trained weights
+                work.remove(converted)  # the run's output holds the trained weights
 
         D.on_main(world, publish_run)
         del student
@@ -305,10 +326,10 @@ def _run(cfg: RecoverConfig, inits, keep, work: Path, callback, world, tasks) ->
                                             load_s, tasks))
 
 
-def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_info, load_s, tasks=()) -> dict:
+def _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, load_s, tasks=()) -> dict:
     from tcal.report.plots import plot_recovery, plot_scores
     from tcal.report.targets import score_table, score_table_markdown, table_markdown, target_table
-    from tcal.utils.atomic import publish, write_json, written_files
+    from tcal.utils.atomic import written_files
 
     curves = {init: reports[init]["curve"] for init in inits}
     table = target_table(curves, teacher_ppl)
@@ -330,22 +351,24 @@ def _finish(cfg, work: Path, inits, keep, reports, init_info, teacher_ppl, data_
         scores = score_table(curves, column, teacher_probes[column])
         summary[column] = jsonable(scores)
         md += f"\n## {label}: tokens to reach each share of the teacher's\n\n" + score_table_markdown(scores)
-        plot_scores(curves, column, teacher_probes[column], work / f"recovery-{column}.png",
+        plot_scores(curves, column, teacher_probes[column], work.path / f"recovery-{column}.png",
                     title=f"{cfg.teacher}: the answers it writes", label=label)
+        work.record(f"recovery-{column}.png")
     best = {init: reports[init].get("best") for init in inits if reports[init].get("best")}
     if best:
         summary["best"] = best
         md += ("\nBest checkpoint per run (lowest answer KL on the instruct set's development tasks; OUT/<init>/best): "
                + "; ".join(f"{i} at {b['tokens']:,} tokens" for i, b in best.items()) + "\n")
-    (work / "recovery.md").write_text(md)
-    write_json(work / "recovery.json", summary)
-    plot_recovery(curves, teacher_ppl, work / "recovery.png", table=table,
+    work.write_text("recovery.md", md)
+    work.write_json("recovery.json", summary)
+    plot_recovery(curves, teacher_ppl, work.path / "recovery.png", table=table,
                   title=f"{cfg.teacher}, attention kept at {cfg.keep}")
-    (work / "report.md").write_text(_report_markdown(cfg, summary, md))
-    write_json(work / "tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
-    (work / "recover_config.json").unlink(missing_ok=True)
-    (work / "teacher_ppl.json").unlink(missing_ok=True)
-    out = publish(work, cfg.out)
+    work.record("recovery.png")
+    work.write_text("report.md", _report_markdown(cfg, summary, md))
+    work.write_json("tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
+    for name in ("recover_config.json", "teacher_ppl.json"):  # what a resumed run reads, not a result
+        work.remove(name)
+    out = work.publish(cfg.out)
     print(md)
     print(f"wrote {out}: {', '.join(written_files(out))}")
     return summary

@@ -134,6 +134,13 @@ class CalibArgs:
             return "reference" if str(device).startswith("cpu") else "large"
         return self.calib_budget
 
+    def recall_on(self, device: str) -> bool:
+        """Whether the KL stage mixes recall copies into its windows on ``device`` (the flag, else the budget's)."""
+        if self.kl_recall_frac is not None:
+            return self.kl_recall_frac > 0
+        budget = CALIB_BUDGETS.get(self.budget_name(device))  # an unknown name is check_calib's error
+        return budget is not None and budget.kl.recall_frac > 0
+
     def budget(self, device: str) -> CalibBudget:
         """The budget on ``device`` (cpu, cuda, cuda:N), with the flags' overrides (new configs: the named
         budget itself is left as it is)."""

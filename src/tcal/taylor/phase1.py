@@ -238,7 +238,7 @@ def calibrate_layer(gdn: GatedDeltaNet, stats: LayerStats, io: LayerIO, opts: Ph
     if io.ctx is None:
         raise TcalError("Phase 1 needs the teacher's per-head attention output (capture with with_ctx=True)")
     dev, dt = gdn_device_dtype(gdn)
-    x = io.x.to(dev)
+    x = io.x.to(device=dev, dtype=dt)  # the teacher's activations in the layer's dtype (apply_phase1: fp32)
     xf = x.float()
     rec: dict = {"layer": stats.layer}
     rel0, cos0 = output_fit(layer_output(gdn, x, opts.batch_size), io.out.to(dev))
@@ -338,7 +338,13 @@ def apply_phase1(
 
         it = tqdm(layers, desc=f"phase 1 ({variant})", unit="layer", leave=False)
     for i in it:
-        records[i] = calibrate_layer(gdns[i], stats[i], captured[i], opts)
+        dtype = gdns[i].q_proj.weight.dtype
+        # the fits (least squares, logits, scales) run in fp32 whatever the hybrid's dtype, then the layer goes back
+        gdns[i].float()
+        try:
+            records[i] = calibrate_layer(gdns[i], stats[i], captured[i], opts)
+        finally:
+            gdns[i].to(dtype)
         log.info("phase 1 (%s) layer %d: relative MSE %.3f -> %.3f on the calibration tokens", variant, i,
                  records[i]["rel_mse_before"], records[i]["rel_mse"])
         records[i]["variant"] = variant

@@ -12,6 +12,10 @@ import torch
 
 from tcal.data.teachers import load_model_dir, load_teacher
 from tcal.models.modeling_hybrid import HybridForCausalLM
+from tcal.utils.partial import partial_dir
+
+__all__ = ["checkpoint_dir", "finished_report", "has_checkpoint", "legacy_run", "load_model",
+           "load_model_and_tokenizer", "partial_dir", "save_model"]
 
 
 def save_model(model, directory: Path) -> None:
@@ -34,11 +38,6 @@ def load_model_and_tokenizer(spec: str, *, dtype=torch.float32, device="cpu"):
     return load_teacher(spec, dtype=dtype, device=device)
 
 
-def partial_dir(out) -> Path:
-    out = Path(out)
-    return out.with_name(out.name + ".partial")
-
-
 def checkpoint_dir(partial: Path) -> Path | None:
     ck = partial / "checkpoint"
     if (ck / "resume" / "state.json").is_file():
@@ -53,6 +52,30 @@ def checkpoint_dir(partial: Path) -> Path | None:
 def has_checkpoint(out) -> bool:
     p = partial_dir(out)
     return p.is_dir() and checkpoint_dir(p) is not None
+
+
+# what a distillation run writes into its partial folder (a recover run's too): adopted from a run of a tcal that
+# did not mark the folder, where it holds a checkpoint
+RUN_FILES = ("checkpoint", ".checkpoint.old-*", "best", "curve.csv", "report.partial.json")
+
+
+def legacy_run(partial: Path) -> tuple[list[str], dict | None] | None:
+    """(the files a run wrote, its settings) of an unmarked partial folder that holds a checkpoint, else None."""
+    from tcal.utils.atomic import tree_files
+
+    ck = checkpoint_dir(partial)
+    if ck is None:
+        return None
+    try:
+        settings = json.loads((ck / "resume" / "state.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    files = []
+    for pattern in RUN_FILES:
+        for p in sorted(partial.glob(pattern)):
+            rel = p.relative_to(partial).as_posix()
+            files += [f"{rel}/{f}" for f in tree_files(p, skip=())] if p.is_dir() else [rel]
+    return files, settings
 
 
 def finished_report(out) -> dict | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from tcal.evaluate.task import TaskArgs
+from tcal.evaluate.task import TASK_FLAGS, TaskArgs
 from tcal.utils.config import DeviceArgs, EvalArgs, arg
 from tcal.utils.errors import TcalError
+from tcal.utils.flags import Reader, refuse_unread
 from tcal.utils.schedule import SCHEDULES
 
 TRAIN_SETS = ("gdn", "all")
@@ -91,6 +92,18 @@ def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
 
 
+def run_words(where: str, tasks) -> str:
+    """How a flag's message names a run of a command that scores ``tasks``."""
+    return f"{where} " + (f"scoring {', '.join(t.run_name for t in tasks)}" if tasks else "with no task")
+
+
+def train_readers(cfg: TrainOptions) -> list[Reader]:
+    """The training flags that only matter beside another (:mod:`tcal.utils.flags`)."""
+    return [Reader("--mix-data", ("mix_frac",), bool(cfg.mix_data.strip())),
+            Reader("--recall-frac above 0", ("recall_span",), cfg.recall_frac > 0),
+            Reader("--schedule cosine", ("min_lr_ratio",), cfg.schedule == "cosine")]
+
+
 def curve_specs(cfg: TrainOptions) -> tuple[list, list[str], str]:
     """(specs, the old flags used, the haystack): ``--tasks`` with ``--eval-passkey``, ``--eval-passkey-samples``,
     ``--eval-humaneval`` and ``--eval-passkey-haystack`` mapped onto it (the passkey before HumanEval, as their columns
@@ -128,6 +141,7 @@ def curve_tasks(cfg: TrainOptions, where: str) -> list:
     if not any(AnswerKL.accepts(s.name) for s in specs) and AnswerKL.available(cfg.data):
         specs.append(TaskSpec(AnswerKL.name))
     built = T.build(specs, cfg.task_options(data=str(cfg.data), haystack=haystack), where=where, curve=True)
+    refuse_unread(cfg, [*train_readers(cfg), *T.readers(built, TASK_FLAGS, teacher=True)], run_words(where, built))
     T.check_code_execution(built, cfg.allow_code_execution)
     for t in built:
         t.check()

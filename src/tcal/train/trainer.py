@@ -29,9 +29,10 @@ from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
 from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
 from tcal.train.sampler import Stream, WindowOrder, batch_for_step, mix_rows, mixed_batch_for_step
-from tcal.utils.atomic import atomic_dir, write_json
+from tcal.utils.atomic import write_json
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import FitRules, FitState, nonfinite
+from tcal.utils.partial import Work
 from tcal.utils.runtime import autocast, peak_memory, resolve_device, rng_state, seed_everything, set_rng_state
 from tcal.utils.schedule import Schedule, crossed, warmup_steps
 
@@ -277,14 +278,14 @@ class Trainer:
         self.loss_sum, self.loss_count = 0.0, 0
         return row
 
-    def keep_best(self, row: dict, partial: Path) -> None:
+    def keep_best(self, row: dict, partial: Work) -> None:
         """Save the student as ``partial/best`` when ``row`` (a curve point) has the lowest :data:`BEST_BY` so far."""
         value = row.get(BEST_BY)
         if value is None or not math.isfinite(value) or (self.best is not None and value >= self.best[BEST_BY]):
             return
         self.best = {"tokens": row["tokens"], "step": row["step"], BEST_BY: value}
         if self.main:
-            with atomic_dir(partial / "best", replace=True) as tmp:
+            with partial.dir("best") as tmp:
                 save_model(self.student, tmp)
                 write_json(tmp / "best.json", self.best)
 
@@ -311,7 +312,7 @@ class Trainer:
         self.segments = st.get("segments", 0) + 1
         self._t_start = time.time()
 
-    def save_checkpoint(self, partial: Path) -> None:
+    def save_checkpoint(self, partial: Work) -> None:
         """Write the model (safetensors) and the resume state; under torchrun every rank takes part in
         gathering the full state dicts and rank 0 alone writes them (the files do not depend on the
         world size)."""
@@ -320,7 +321,7 @@ class Trainer:
         optim_state = D.full_optimizer_state(self.student, self.optimizer)
         if self.main:
             model = self.plain_student(model_state) if dist else self.student
-            with atomic_dir(partial / "checkpoint", replace=True) as tmp:  # model and resume state belong together
+            with partial.dir("checkpoint") as tmp:  # model and resume state belong together
                 save_model(model, tmp)
                 (tmp / "resume").mkdir()
                 # rank 0's RNG only: the data order is a function of (seed, step) and nothing else draws
@@ -357,7 +358,7 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def fit(self, partial: Path, *, callback: Callable[[int, int], None] | None = None) -> str:
+    def fit(self, partial: Work, *, callback: Callable[[int, int], None] | None = None) -> str:
         """Train to the budget (``"done"``) or to a pause limit (``"paused"``, checkpoint written).
 
         Under torchrun a rank whose peers are gone (a collective fails) stops with a one-line error
@@ -367,13 +368,13 @@ class Trainer:
         except Exception as err:
             if not (self.world.distributed and D.peer_lost(err)):
                 raise
-            ckpt = checkpoint_dir(partial) if partial.is_dir() else None
-            where = (f"the last checkpoint is in {partial}; rerun the same command with --resume" if ckpt is not None
-                     else f"no checkpoint was written yet ({partial}); rerun the same command")
+            ckpt = checkpoint_dir(partial.path) if partial.path.is_dir() else None
+            where = (f"the last checkpoint is in {partial.path}; rerun the same command with --resume" if ckpt
+                     is not None else f"no checkpoint was written yet ({partial.path}); rerun the same command")
             raise TcalError(f"rank {self.world.rank}: lost its peers at step {self.step_count} (another rank "
                             f"stopped); {where}") from err
 
-    def _fit(self, partial: Path, callback) -> str:
+    def _fit(self, partial: Work, callback) -> str:
         cfg, tps, main = self.cfg, self.tokens_per_step, self.main
         if self.teacher_ppl is None:
             self.teacher_ppl = self.evaluate(self.teacher)
@@ -384,7 +385,7 @@ class Trainer:
         if not self.curve:
             self.keep_best(self.add_eval_point(), partial)
             if main:
-                (partial / "curve.csv").write_text(curve_csv(self.curve))
+                partial.write_text("curve.csv", curve_csv(self.curve))
         bar = tqdm(total=self.total_steps * tps, initial=self.step_count * tps, unit="tok", unit_scale=True,
                    desc="distill", disable=not (cfg.progress and main), dynamic_ncols=True, smoothing=0.1)
         status = "done"
@@ -408,7 +409,7 @@ class Trainer:
                         row = self.add_eval_point()
                         self.keep_best(row, partial)
                         if main:
-                            (partial / "curve.csv").write_text(curve_csv(self.curve))
+                            partial.write_text("curve.csv", curve_csv(self.curve))
                         self.student.train()
                         bar.set_postfix(loss=f"{row['train_loss']:.4f}", ppl=f"{row['eval_ppl']:.2f}")
                     if s < self.total_steps and crossed((s - 1) * tps, s * tps, cfg.save_every):
@@ -441,7 +442,7 @@ class Trainer:
 
 
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
-            partial: Path, settings: dict | None = None, teacher_ppl: float | None = None,
+            partial: Work | Path, settings: dict | None = None, teacher_ppl: float | None = None,
             teacher_probes: dict | None = None,
             callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
             probes: Mapping[str, Callable[[nn.Module], float]] | None = None,
@@ -455,19 +456,22 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     calls this with the same arguments; rank 0 alone writes into ``partial`` and gets the trained
     student back (as one unsharded CPU model; the other ranks get None). ``prefix``: the tokens every training
     window starts with (the tokenizer's BOS, tcal.data.tokens.window_prefix); it joins the settings, so a resumed
-    run must pass the same.
+    run must pass the same. ``partial``: the run's :class:`~tcal.utils.partial.Work` (a bare path: a fresh one
+    there).
     """
+    if not isinstance(partial, Work):
+        partial = Work(partial, "distill", settings)
     settings = dict(settings if settings is not None else dataclasses.asdict(cfg))
     if prefix:  # windows cut around a BOS are other windows: a resume must cut them the same way
         settings["window_prefix"] = list(prefix)
     world = world if world is not None else D.World(device=resolve_device(cfg.device))
-    ckpt = checkpoint_dir(partial) if partial.is_dir() else None
+    ckpt = checkpoint_dir(partial.path) if partial.path.is_dir() else None
     resume_state = None
     if ckpt is not None:
         resume_state = json.loads((ckpt / "resume" / "state.json").read_text())
         diff = changed_settings(resume_state["config"], settings)
         if diff:
-            raise TcalError(f"cannot resume {partial}: settings changed ({', '.join(diff)}); "
+            raise TcalError(f"cannot resume {partial.path}: settings changed ({', '.join(diff)}); "
                             "resume with the same settings or delete the partial directory")
         student = load_model(ckpt)
         if world.is_main():
@@ -475,7 +479,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     if student is None:
         raise TcalError("no student model given and no checkpoint to resume from")
     if world.is_main():
-        partial.mkdir(parents=True, exist_ok=True)
+        partial.ensure()
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
                       settings=settings, world=world, probes=probes, prefix=prefix, train_mask=train_mask,
                       mix_tokens=mix_tokens)

@@ -1,11 +1,19 @@
-"""Output directories that never lose a user's files and never stay half-written.
+"""Output directories that never lose a user's file and never stay half-written.
 
-A new directory is written beside its final place and published in one rename. Into an existing
-directory (``--out .``, an empty folder, or a finished tcal output being overwritten) the finished
-files are moved one by one: files of the same name are replaced, files an earlier tcal run
-published there (listed in :data:`MANIFEST`) and not written again are removed, and every other
-file is left alone. Internal directories whose parts must stay consistent with each other
-(training checkpoints) use ``replace=True``: the whole directory is swapped.
+A new directory is written beside its final place and published in one rename. Every published directory carries
+a manifest (:data:`MANIFEST`: the command that wrote it and every file tcal wrote there, at any depth). Into an
+existing directory (``--out .``, an empty folder, or a finished tcal output being overwritten) the finished files are
+moved one by one: a file tcal wrote there before is replaced, or removed when the new output does not write it
+again; every other file, at any depth, is left where it is, and a file of the user's where the new output has one is
+refused, never replaced. Folders that tcal emptied are removed; a folder that still holds a file of the user's
+stays.
+
+An output written before manifests listed every file (a plain list of top-level names, or none beside a
+``tcal_config.json``) is still tcal's: its listed top-level files are replaced or removed as above, and inside its
+folders only the files the new output writes again are replaced; nothing else there is removed, since tcal cannot
+tell which of those files it wrote.
+
+Unfinished work beside an output (``OUT.partial``) has its own manifest: :mod:`tcal.utils.partial`.
 """
 from __future__ import annotations
 
@@ -19,7 +27,8 @@ from pathlib import Path
 
 from tcal.utils.errors import TcalError
 
-MANIFEST = ".tcal_files"  # names tcal published into a directory, one per line
+MANIFEST = ".tcal_files"  # {"format": FILES_FORMAT, "stage": command, "files": [relative paths]}
+FILES_FORMAT = "tcal-files-v2"
 CONFIG_FILE = "tcal_config.json"  # every command's output has one: {"stage": command, ...}
 
 
@@ -31,7 +40,8 @@ def absolute(path: str | os.PathLike) -> Path:
 def finished_stage(path: Path) -> str | None:
     """The command whose finished output ``path`` holds (its tcal_config.json's stage; a token pool
     is known by its manifest), else None."""
-    for name, key, known in ((CONFIG_FILE, "stage", None), ("manifest.json", "format", {"tcal-pool-v1": "pool"})):
+    for name, key, known in ((CONFIG_FILE, "stage", None), ("manifest.json", "format", {"tcal-pool-v1": "pool"}),
+                             (MANIFEST, "stage", None)):
         try:
             value = json.loads((path / name).read_text()).get(key)
         except (OSError, ValueError, AttributeError):
@@ -84,11 +94,12 @@ def _check_writable(where: Path, out, flag: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: str | os.PathLike, *, replace: bool = False):
+def atomic_dir(out: str | os.PathLike, *, replace: bool = False, theirs: str = "refuse"):
     """Yield a temporary directory to write into; on success publish it as ``out``.
 
     On any exception the temporary directory is removed and ``out`` is left as it was.
-    ``replace``: swap the whole directory (for internal directories whose files belong together).
+    ``replace``: swap the whole directory (for internal directories whose files belong together and that hold no
+    file of the user's: caches). ``theirs``: see :func:`merge_into`.
     """
     out = absolute(out)
     if out.exists() and not out.is_dir():
@@ -97,27 +108,176 @@ def atomic_dir(out: str | os.PathLike, *, replace: bool = False):
     try:
         yield tmp
         _usual_modes(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    publish(tmp, out, replace=replace)
+        publish(tmp, out, replace=replace, theirs=theirs)
+    finally:
+        if tmp.exists():  # failed, or published file by file: only tcal's own temporary folder is left
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def publish(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool = False) -> Path:
+def publish(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool = False, stage: str | None = None,
+            theirs: str = "refuse") -> Path:
     """A finished directory ``tmp`` becomes ``out``: one rename where ``out`` does not exist yet (or
-    ``replace``), else moved into it file by file (see the module docstring)."""
+    ``replace``), else moved into it file by file (see the module docstring); ``out`` gets its manifest."""
     tmp, out = Path(tmp), absolute(out)
     if replace:
         return publish_dir(tmp, out)
+    files = tree_files(tmp)
+    stage = stage or _stage_of(tmp)
     if out.exists():
-        return merge_into(tmp, out)
+        merge_into(tmp, out, files=files, stage=stage, theirs=theirs)
+        return out
     publish_dir(tmp, out)
-    _write_manifest(out, [p.name for p in sorted(out.iterdir()) if p.name != MANIFEST])
+    write_manifest(out, files, stage)
     return out
 
 
-def _write_manifest(out: Path, names) -> None:
-    (out / MANIFEST).write_text("".join(f"{n}\n" for n in names))
+def _stage_of(root: Path) -> str | None:
+    try:
+        value = json.loads((root / CONFIG_FILE).read_text()).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def tree_files(root: str | os.PathLike, skip: tuple[str, ...] = (MANIFEST,)) -> list[str]:
+    """Every file (and link) under ``root``, as sorted relative POSIX paths; ``skip``: top-level names left out."""
+    root = Path(root)
+    found = []
+    for dirpath, dirs, files in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            path = (rel / name).as_posix()
+            if path not in skip:
+                found.append(path)
+    return sorted(found)
+
+
+def write_manifest(out: str | os.PathLike, files, stage: str | None = None) -> None:
+    write_json(Path(out) / MANIFEST, {"format": FILES_FORMAT, "stage": stage, "files": sorted(set(files))})
+
+
+class Ownership:
+    """Which files of a directory tcal wrote (:data:`MANIFEST`). ``owned``: files it may replace or remove;
+    ``rewritable(path)``: whether a file at ``path`` may be replaced by one the new output writes there."""
+
+    def __init__(self, owned=(), legacy_dirs=(), everything: bool = False):
+        self.owned = set(owned)
+        self.legacy_dirs = set(legacy_dirs)  # top-level folders of an older manifest: files rewritten, none removed
+        self.everything = everything  # an older output with no manifest, or the caller replaces any file
+
+    def rewritable(self, path: str) -> bool:
+        return self.everything or path in self.owned or path.split("/", 1)[0] in self.legacy_dirs
+
+
+def ownership(out: str | os.PathLike) -> Ownership:
+    """What tcal wrote into the directory ``out``: its manifest's files; for an older manifest (top-level names)
+    the listed files, and its listed folders' files where rewritten; for a finished output without a manifest
+    (its tcal_config.json names the command) any file the new output writes again."""
+    out = Path(out)
+    try:
+        text = (out / MANIFEST).read_text()
+    except OSError:
+        return Ownership(everything=finished_stage(out) is not None)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("format") == FILES_FORMAT:
+        return Ownership([f for f in data.get("files", []) if isinstance(f, str) and _safe(f)])
+    names = [n for n in text.split() if _safe(n) and "/" not in n]
+    return Ownership([n for n in names if not (out / n).is_dir() or (out / n).is_symlink()],
+                     [n for n in names if (out / n).is_dir() and not (out / n).is_symlink()])
+
+
+def _safe(rel: str) -> bool:
+    """A manifest entry that stays inside its directory."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "" not in parts
+
+
+def owned_files(out: str | os.PathLike) -> list[str]:
+    """The files tcal wrote into ``out`` that are there now (its manifest's)."""
+    out = Path(out)
+    return sorted(f for f in ownership(out).owned if (out / f).exists() or (out / f).is_symlink())
+
+
+def remove_files(root: str | os.PathLike, files) -> None:
+    """Unlink ``files`` (relative to ``root``) and remove the folders that leaves empty, up to ``root`` (kept)."""
+    root = Path(root)
+    parents = set()
+    for rel in files:
+        p = root / rel
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.exists():
+            continue  # a folder where tcal wrote a file: the user's now; left alone
+        parents.update(root / q for q in _ancestors(rel))
+    prune(root, parents)
+
+
+def _ancestors(rel: str) -> list[str]:
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def prune(root: Path, dirs) -> None:
+    """Remove those of ``dirs`` (under ``root``) that are empty, deepest first."""
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            if d != root and d.is_dir() and not d.is_symlink():
+                d.rmdir()
+
+
+def merge_into(tmp: str | os.PathLike, out: str | os.PathLike, *, files=None, stage: str | None = None,
+               theirs: str = "refuse") -> Path:
+    """Move the files of ``tmp`` into the existing directory ``out`` (see the module docstring). ``theirs``: what
+    happens where a file of the user's (one the manifest does not list) has the name of a new file: ``refuse`` (a
+    one-line error before anything moves) or ``replace`` (as transformers' save_pretrained does into a folder)."""
+    tmp, out = Path(tmp), Path(out)
+    files = tree_files(tmp) if files is None else files
+    own = ownership(out) if theirs == "refuse" else Ownership(ownership(out).owned, everything=True)
+    new = set(files)
+    stale = sorted(f for f in own.owned - new if (out / f).exists() or (out / f).is_symlink())
+    for rel in files:
+        blocked = _blocking(out, rel, own, stale)
+        if blocked is not None:
+            raise TcalError(f"{out / blocked} is not a file tcal wrote there, and the new output writes "
+                            f"{rel}; move it away and run again")
+    remove_files(out, stale)
+    for rel in files:
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_dir() and not dst.is_symlink():  # an empty folder where the new output has a file
+            dst.rmdir()
+        os.replace(tmp / rel, dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_manifest(out, files, stage or _stage_of(out))
+    return out
+
+
+def _blocking(out: Path, rel: str, own: Ownership, stale) -> str | None:
+    """What stops ``rel`` from being written into ``out``: a file of the user's at that path or at one of its
+    folders' paths, or a folder there that holds files of the user's (None: nothing)."""
+    stale = set(stale)
+    p = out / rel
+    if p.is_symlink() or p.is_file():
+        return None if own.rewritable(rel) else rel
+    if p.is_dir():
+        inside = [f"{rel}/{f}" for f in tree_files(p, skip=())]
+        theirs = [f for f in inside if f not in stale]
+        return theirs[0] if theirs else None
+    for q in _ancestors(rel):
+        a = out / q
+        if a.is_symlink() or a.is_file():
+            return None if q in stale else q
+    return None
+
+
+def written_files(out: str | os.PathLike) -> list[str]:
+    """What the last tcal publish into ``out`` wrote there, by top-level name (its manifest), for the closing line
+    of a command."""
+    top = sorted({f.split("/", 1)[0] for f in ownership(out).owned})
+    return top or sorted(p.name for p in Path(out).iterdir() if not p.name.startswith("."))
 
 
 def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
@@ -150,7 +310,8 @@ def _usual_modes(root: Path) -> None:
 
 
 def publish_dir(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool = True) -> Path:
-    """Move a finished directory ``tmp`` to ``out`` by renames only; returns ``out``.
+    """Move a finished directory ``tmp`` to ``out`` by renames only; returns ``out``. For directories no user
+    writes into (caches, tcal's own temporary folders).
 
     ``replace``: what is at ``out`` is moved aside first and deleted after. Either way, when
     another process publishes ``out`` at the same moment, its directory is kept and ``tmp`` dropped.
@@ -169,42 +330,6 @@ def publish_dir(tmp: str | os.PathLike, out: str | os.PathLike, *, replace: bool
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out
-
-
-def merge_into(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Move the entries of ``tmp`` into the existing directory ``out`` (see the module docstring)."""
-    tmp, out = Path(tmp), Path(out)
-    try:
-        earlier = set((out / MANIFEST).read_text().split())
-    except OSError:
-        earlier = set()
-    new = sorted(p.name for p in tmp.iterdir())
-    for name in new:
-        src, dst = tmp / name, out / name
-        if dst.is_dir() and not dst.is_symlink():
-            aside = out / f".{name}.old-{os.getpid()}"
-            os.replace(dst, aside)
-            os.replace(src, dst)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(src, dst)
-    for name in earlier - set(new):
-        stale = out / name
-        if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale, ignore_errors=True)
-        elif stale.exists() or stale.is_symlink():
-            stale.unlink()
-    shutil.rmtree(tmp, ignore_errors=True)
-    _write_manifest(out, new)
-    return out
-
-
-def written_files(out: str | os.PathLike) -> list[str]:
-    """What the last tcal publish into ``out`` wrote there (its manifest), for the closing line of a command."""
-    try:
-        return (Path(out) / MANIFEST).read_text().split()
-    except OSError:
-        return sorted(p.name for p in Path(out).iterdir() if not p.name.startswith("."))
 
 
 def write_json(path: str | os.PathLike, obj) -> None:

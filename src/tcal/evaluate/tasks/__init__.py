@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 from tcal.evaluate.task import EXAMPLE, Task, TaskOptions, TaskSpec, check_code_execution
 from tcal.utils.errors import TcalError
+from tcal.utils.flags import Reader
 
-__all__ = ["TASKS", "Task", "build", "check_code_execution", "find", "listing", "names", "register"]
+__all__ = ["TASKS", "Task", "build", "check_code_execution", "find", "listing", "names", "readers", "register"]
 
 
 def _discover() -> dict[str, type[Task]]:
@@ -61,6 +62,9 @@ def build(specs: Sequence[TaskSpec], options: TaskOptions, *, flag: str = "--tas
     groups: dict[type[Task], list[TaskSpec]] = {}
     for s in specs:
         kind = find(s.name)
+        if kind is None and s.name == "list":
+            raise TcalError(f"{flag} list lists the tasks, and names none to run: give it alone, as tcal eval --tasks "
+                            f"list, or name tasks ({names()})")
         if kind is None:
             raise TcalError(f"unknown task {s.name!r} in {flag}; tasks: {names()} (tcal eval --tasks list says "
                             f"what each does); e.g. {flag} {EXAMPLE}")
@@ -72,6 +76,16 @@ def build(specs: Sequence[TaskSpec], options: TaskOptions, *, flag: str = "--tas
                 raise TcalError(f"{t.name} does not score a model at a curve point or an ablation row, so {where} "
                                 "does not run it; run it with tcal eval")
     return built
+
+
+def readers(built: Sequence[Task], fields, teacher: bool = False) -> list[Reader]:
+    """Who reads each of ``fields`` (the command's flags that only tasks read, :mod:`tcal.utils.flags`): every task
+    of this run (what this run of it reads) and every kind of task (what it can read); ``teacher``: the command has
+    one, so the tasks that compare with it count too."""
+    fields = set(fields)
+    out = [Reader(t.run_name, tuple(f for f in t.reads if f in fields), True) for t in built]
+    return out + [Reader(k.name, tuple(f for f in k.options if f in fields), False) for k in TASKS.values()
+                  if teacher or not k.needs_teacher]
 
 
 def listing() -> str:

@@ -94,7 +94,7 @@ class HumanEval(Task):
         from tcal.evaluate.humaneval import prompt_style
 
         self.tokenizer = tokenizer
-        if self.given:  # answers generated elsewhere: no tokenizer, the style as given
+        if self.given:  # answers written elsewhere: the style says how to cut them, no tokenizer frames a prompt
             self.style = "chat" if self.opts.prompt_style == "chat" else "completion"
             return
         self.style = prompt_style(tokenizer, self.opts.prompt_style)
@@ -133,6 +133,14 @@ class HumanEval(Task):
     @property
     def state(self):
         return None if self.given else ("humaneval.json", "completions", str)
+
+    def known_settings(self) -> dict:
+        from tcal.evaluate.humaneval import MAX_NEW_TOKENS
+
+        o = self.opts
+        known = {"model": o.model, "engine": o.engine, "problems_sha256": self.digest,
+                 "max_new_tokens": o.max_new_tokens or MAX_NEW_TOKENS, "dtype": o.dtype if o.engine == "tcal" else None}
+        return known if o.prompt_style == "auto" else {**known, "prompt_style": o.prompt_style}  # auto: the tokenizer's
 
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import time

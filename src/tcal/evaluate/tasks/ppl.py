@@ -1,7 +1,7 @@
 """Held-out perplexity (:mod:`tcal.evaluate.perplexity`) of the text ``--data``: ``--tasks ppl:64@512`` is the first
-64 non-overlapping windows of 512 tokens (the defaults, the full protocol). ``tcal eval`` prints the report and
-writes no directory; training curves and ablation rows score perplexity on ``--eval`` already, so it is no curve
-task.
+64 non-overlapping windows of 512 tokens (the defaults, the full protocol). ``tcal eval`` prints the report, and
+with ``--out`` writes it too (ppl.json: the number and its protocol; ppl.md); training curves and ablation rows score
+perplexity on ``--eval`` already, so it is no curve task.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Perplexity(Task):
     options = ("data",)
     curve = False
     text = False  # a token file needs no tokenizer; text without one is the loader's error
-    writes = False
+    prints = True
 
     def __init__(self, specs, options):
         super().__init__(specs, options)
@@ -55,7 +55,14 @@ class Perplexity(Task):
                                  progress=self.opts.progress)
 
     def report(self, result: dict, title: str) -> dict[str, object]:
-        return {}
+        lines = [f"# Perplexity: {title}", "",
+                 f"- **PPL {result['ppl']:.3f}** (mean NLL {result['nll']:.4f} nats over {result['tokens']:,} predicted "
+                 "tokens)",
+                 f"- data: {self.opts.data} ({result.get('data')}, sha256 {result.get('data_hash')}...), the first "
+                 f"{result['windows']} non-overlapping windows of {result['window']} tokens",
+                 f"- model: {self.opts.model}, {result.get('dtype')} on {result.get('device')}; "
+                 f"{result.get('seconds', 0):.1f} s", ""]
+        return {"ppl.json": result, "ppl.md": "\n".join(lines)}
 
     def headline(self, result: dict, files: dict) -> str:
         return (json.dumps(result, indent=2, default=str) + "\n" + f"{self.opts.model}: PPL {result['ppl']:.3f} on "
