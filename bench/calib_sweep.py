@@ -147,7 +147,7 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
     import torch
 
     from tcal.conversion.convert import convert_with_record
-    from tcal.evaluate.perplexity import window_ppl
+    from tcal.evaluate.likelihood import window_ppl
     from tcal.taylor.config import KLConfig
     from tcal.taylor.pipeline import prepare
 
@@ -195,7 +195,7 @@ def run_step(args) -> None:
     import torch
 
     from tcal.data.teachers import load_teacher
-    from tcal.evaluate.perplexity import window_ppl
+    from tcal.evaluate.likelihood import window_ppl
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(1, args.workers)))
     device = args.device

@@ -37,9 +37,16 @@ from tcal.data.instruct import chat_windows, code_tasks
 from tcal.data.teachers import load_teacher
 from tcal.data.tokens import token_windows
 from tcal.evaluate import window_ppl
-from tcal.evaluate.humaneval import build_prompt, generate_tcal, load_problems, pass_at_1, prompt_style, score
-from tcal.evaluate.niah import retrieval_probes
 from tcal.evaluate.sandbox import Limits
+from tcal.evaluate.tasks.humaneval.problems import (
+    build_prompt,
+    generate_tcal,
+    load_problems,
+    pass_at_1,
+    prompt_style,
+    score,
+)
+from tcal.evaluate.tasks.niah.ruler import retrieval_probes
 from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.kl_stage import kl_stage, mean_kl
 from tcal.utils.atomic import write_json

@@ -3,15 +3,15 @@
     python bench/humaneval_pair.py A/humaneval.json B/humaneval.json [C/humaneval.json ...] [--md OUT.md]
 
 Two runs of one model in two engines should differ only by numerics: how many answers are the same text, how
-many problems only one of them passed (answers compared after the stop-sequence cut), and McNemar's exact p-value of that split (tcal.evaluate.humaneval.paired).
+many problems only one of them passed (answers compared after the stop-sequence cut), and McNemar's exact p-value of that split (tcal.evaluate.tasks.humaneval.problems.paired).
 A run scored on fewer problems (``--limit``) is compared on the problems both hold.
 """
 import argparse
 import json
 from pathlib import Path
 
-from tcal.evaluate.humaneval import Result, cut, paired
-from tcal.evaluate.niah import accuracy_interval
+from tcal.evaluate.tasks.humaneval.problems import Result, cut, paired
+from tcal.evaluate.tasks.niah.ruler import accuracy_interval
 
 
 def load(path: str) -> tuple[dict, dict[str, Result]]:

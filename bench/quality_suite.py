@@ -25,7 +25,7 @@ import torch
 
 from tcal.data.teachers import load_teacher
 from tcal.evaluate import perplexity_report
-from tcal.evaluate.niah import accuracy_interval, check_lengths, niah_cell
+from tcal.evaluate.tasks.niah.ruler import accuracy_interval, check_lengths, niah_cell
 from tcal.utils.atomic import write_json
 from tcal.utils.runtime import resolve_device, resolve_dtype
 
@@ -75,7 +75,7 @@ def run_model(name, path, args, state, save):
             save()
     if lm_tasks:
         try:
-            from tcal.evaluate.harness import harness_lm, plan, run_task
+            from tcal.evaluate.tasks.lm_eval.harness import harness_lm, plan, run_task
 
             logging.getLogger("lm_eval").setLevel(logging.WARNING)
             hp = plan(lm_tasks, limit=args.lm_eval_limit, seed=args.seed)

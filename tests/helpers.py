@@ -126,7 +126,7 @@ def distill_data(root):
 
 def story_text(sentences: int = 400, seed: int = 0) -> str:
     """Sentences of made-up words, each ending in a rare word that often repeats one of the
-    sentences before: text the local harness tasks find passages in (tcal.evaluate.harness)."""
+    sentences before: text the local harness tasks find passages in (tcal.evaluate.tasks.lm_eval.harness)."""
     import random
 
     rng = random.Random(seed)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tcal
-from tcal.evaluate import humaneval as H
+from tcal.evaluate.tasks.humaneval import problems as H
 
 pytestmark = pytest.mark.integration
 NAME = "qwen2.5-coder-0.5b"

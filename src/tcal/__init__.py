@@ -12,6 +12,7 @@ import importlib
 from tcal.conversion.inits import INITS, InitSpec, register_init
 from tcal.utils.errors import TcalError
 from tcal.utils.import_hooks import after_import
+from tcal.utils.moved import install
 
 __version__ = "0.1.0"
 
@@ -23,11 +24,20 @@ _LAZY = {
     "load_teacher": "tcal.data.teachers",
     "perplexity": "tcal.evaluate",
     "perplexity_report": "tcal.evaluate",
-    "niah": "tcal.evaluate.niah",
-    "humaneval": "tcal.evaluate.humaneval",
+    "niah": "tcal.evaluate.tasks.niah.ruler",
+    "humaneval": "tcal.evaluate.tasks.humaneval.problems",
     "HybridConfig": "tcal.models.configuration_hybrid",
     "HybridForCausalLM": "tcal.models.modeling_hybrid",
 }
+
+# old module path -> where the module lives now: the old path still imports it (tcal.utils.moved)
+MOVED = {
+    "tcal.evaluate.humaneval": "tcal.evaluate.tasks.humaneval.problems",
+    "tcal.evaluate.niah": "tcal.evaluate.tasks.niah.ruler",
+    "tcal.evaluate.harness": "tcal.evaluate.tasks.lm_eval.harness",
+    "tcal.evaluate.kl": "tcal.modules.distill_loss",
+}
+install(MOVED)
 
 __all__ = ["INITS", "InitSpec", "TcalError", "__version__", "register_init", *_LAZY]
 

@@ -275,7 +275,7 @@ def test_niah_selection_scores_answer_nll_with_each_layer_removed(tmp_path):
     from helpers import word_tokenizer
 
     from tcal.conversion.select import answer_prompts, niah_scores
-    from tcal.evaluate.niah import NEEDLE, make_samples
+    from tcal.evaluate.tasks.niah.ruler import NEEDLE, make_samples
 
     text = "The committee met in the spring. It discussed the harbor and the roads. Work began in summer. " * 30
     tok = word_tokenizer(text.replace(".", " .").split() + NEEDLE.split())

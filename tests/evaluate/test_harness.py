@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import story_text, tiny_teacher, word_tokenizer
 
-from tcal.evaluate import harness
-from tcal.evaluate.harness import (
+from tcal.evaluate.tasks.lm_eval import harness
+from tcal.evaluate.tasks.lm_eval.harness import (
     INSTALL_HINT,
     LOCAL_TASKS,
     MAX_CONTEXT_WORDS,

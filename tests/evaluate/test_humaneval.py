@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import tiny_teacher, word_tokenizer
 
-from tcal.evaluate import humaneval as H
 from tcal.evaluate.sandbox import Limits
+from tcal.evaluate.tasks.humaneval import problems as H
 from tcal.utils.errors import TcalError
 
 ADD = H.Problem(

@@ -7,8 +7,8 @@ from helpers import tiny_teacher, word_tokenizer
 
 import tcal
 from tcal.cli import main
-from tcal.evaluate.niah import NEEDLE, TASKS, accuracy_interval, make_samples, niah, niah_details, score
 from tcal.evaluate.tasks.niah import RETRIEVAL
+from tcal.evaluate.tasks.niah.ruler import NEEDLE, TASKS, accuracy_interval, make_samples, niah, niah_details, score
 from tcal.recipes.eval import PARTIAL_MARK
 from tcal.utils.errors import TcalError
 
@@ -146,7 +146,7 @@ def test_eval_command_writes_table_json_heat_map_and_resumes(tmp_path, capsys, m
     first["cells"] = {f"{c['task']}@{c['length']}": c for c in data["cells"][:3]}
     (partial / "niah.json").write_text(json.dumps(first))
     calls = []
-    import tcal.evaluate.niah as niah_module
+    import tcal.evaluate.tasks.niah.ruler as niah_module
 
     real = niah_module.niah_details
     monkeypatch.setattr(niah_module, "niah_details", lambda *a, **k: calls.append(k) or real(*a, **k))
@@ -174,8 +174,8 @@ def test_retrieval_probes_score_what_niah_scores(tok, monkeypatch):
     for the same seed. A stand-in generator answers every other prompt right, so both must give exactly 0.5."""
     import re
 
-    import tcal.evaluate.niah as niah_module
-    from tcal.evaluate.niah import retrieval_probes
+    import tcal.evaluate.tasks.niah.ruler as niah_module
+    from tcal.evaluate.tasks.niah.ruler import retrieval_probes
 
     def half_right(model, tokenizer, prompts, max_new_tokens, **kw):
         return [re.search(r"is: (\d+)\.", p).group(1) if i % 2 == 0 else "no idea" for i, p in enumerate(prompts)]

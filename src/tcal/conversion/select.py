@@ -7,7 +7,7 @@
     niah:K        retrieval removal: zero each layer's attention output in turn and measure the
                   teacher's loss on the answers of needle-in-a-haystack prompts; keep the K layers
                   whose removal costs retrieval most. The prompts use a calibration-side haystack
-                  and their own seed, never the evaluation prompts of tcal.evaluate.niah.
+                  and their own seed, never the evaluation prompts of tcal.evaluate.tasks.niah.ruler.
     answer:K      answer removal, for instruct teachers: zero each layer's attention output in turn
                   and measure the teacher's loss on the answers of chat-format code tasks (the
                   documented functions of a calibration-side code corpus, tcal.data.instruct); keep the
@@ -46,7 +46,7 @@ from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.engines.placement import interval_layers
 from tcal.evaluate import window_ppl
-from tcal.evaluate.niah import make_samples
+from tcal.evaluate.tasks.niah.ruler import make_samples
 from tcal.modules.distill_loss import final_hidden, lm_parts
 from tcal.utils.atomic import write_json
 from tcal.utils.cache import cache_root

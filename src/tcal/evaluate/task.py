@@ -101,7 +101,7 @@ class TaskOptions:
     progress: bool = False
 
 
-PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.humaneval.STYLES
+PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.tasks.humaneval.problems.STYLES
 SANDBOX_MODES = ("auto", "strict")  # tcal.evaluate.sandbox.MODES
 CODE_EXECUTION_HELP = (
     "let the tasks that run code (humaneval) run the model's code (or the --completions) on this machine (required "

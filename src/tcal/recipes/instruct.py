@@ -134,7 +134,7 @@ def run(cfg: InstructConfig) -> dict:
     from tcal.data.overlap import check_ngrams, ngram_hashes
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import tokenizer_id
-    from tcal.evaluate.humaneval import load_problems
+    from tcal.evaluate.tasks.humaneval.problems import load_problems
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.errors import TcalError
     from tcal.utils.flags import refuse_unread

@@ -20,12 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from tcal.data.recall import recall_rows
-from tcal.evaluate.kl import mask_rows, mean_kl
 from tcal.modules.distill_loss import (
     TeacherTargets,
     chunked_distill_loss,
     final_hidden,
     lm_parts,
+    mask_rows,
+    mean_kl,
     rows_per_chunk,
     teacher_targets,
 )

@@ -46,7 +46,7 @@ class AnswerKL(Task):
         self.teacher = teacher
 
     def probes(self):
-        from tcal.evaluate.kl import mean_kl
+        from tcal.modules.distill_loss import mean_kl
 
         ids, mask = self.dev
         return {"answer_kl": lambda model: mean_kl(model, self.teacher, ids, BATCH, mask=mask)}

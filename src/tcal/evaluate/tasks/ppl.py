@@ -1,4 +1,4 @@
-"""Held-out perplexity (:mod:`tcal.evaluate.perplexity`) of the text ``--data``: ``--tasks ppl:64@512`` is the first
+"""Held-out perplexity (:mod:`tcal.evaluate.likelihood`) of the text ``--data``: ``--tasks ppl:64@512`` is the first
 64 non-overlapping windows of 512 tokens (the defaults, the full protocol). ``tcal eval`` prints the report, and
 with ``--out`` writes it too (ppl.json: the number and its protocol; ppl.md); training curves and ablation rows score
 perplexity on ``--eval`` already, so it is no curve task.

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness tasks (:mod:`tcal.evaluate.harness`, ``pip install 'tcal[eval]'``) on the loaded model:
+"""lm-evaluation-harness tasks (:mod:`tcal.evaluate.tasks.lm_eval.harness`, ``pip install 'tcal[eval]'``) on the loaded model:
 the offline local tasks ``tcal_lastword`` and ``tcal_cloze`` (built from ``--lm-eval-data``), or any harness task as
 ``lm-eval/NAME`` (hub datasets need network). ``:N`` is the samples per task, the first N. ``tcal eval`` writes
 lm_eval.json (every number the harness reports, its task configs), lm_eval_samples.json (every request and response)
@@ -9,7 +9,7 @@ from __future__ import annotations
 from tcal.evaluate.task import Progress, Task
 from tcal.utils.errors import TcalError
 
-# tcal.evaluate.harness.LOCAL_TASKS, named here for the registry without the harness (tests/evaluate/test_harness.py)
+# tcal.evaluate.tasks.lm_eval.harness.LOCAL_TASKS, named here for the registry without the harness (tests/evaluate/test_harness.py)
 LOCAL = ("tcal_lastword", "tcal_cloze")
 PREFIX = "lm-eval/"
 
@@ -40,7 +40,7 @@ class LmEval(Task):
         self.plan = None
 
     def check(self) -> None:
-        from tcal.evaluate.harness import plan
+        from tcal.evaluate.tasks.lm_eval.harness import plan
 
         if self.opts.batch_size is not None and self.opts.batch_size < 1:
             raise TcalError(f"--batch-size must be at least 1, got {self.opts.batch_size}")
@@ -56,7 +56,7 @@ class LmEval(Task):
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import logging
 
-        from tcal.evaluate.harness import harness_lm, run_task
+        from tcal.evaluate.tasks.lm_eval.harness import harness_lm, run_task
 
         o, plan = self.opts, self.plan
         if not logging.getLogger().isEnabledFor(logging.DEBUG):

@@ -1,4 +1,4 @@
-"""Retrieval: RULER-style needle-in-a-haystack tasks (:mod:`tcal.evaluate.niah`) at context lengths.
+"""Retrieval: RULER-style needle-in-a-haystack tasks (:mod:`tcal.evaluate.tasks.niah.ruler`) at context lengths.
 
 ``--tasks niah`` is all nine tasks; ``single@1024,4096`` one of them at two lengths; ``passkey`` is ``single`` (one
 number hidden in real text). ``:N`` is the prompts per length (default 8), ``@L`` the context lengths (default
@@ -11,7 +11,7 @@ from __future__ import annotations
 from tcal.evaluate.task import Progress, Task
 from tcal.utils.errors import TcalError
 
-# tcal.evaluate.niah.TASKS, named here for the registry without torch (tests/evaluate/test_niah.py: they agree)
+# tcal.evaluate.tasks.niah.ruler.TASKS, named here for the registry without torch (tests/evaluate/test_niah.py: they agree)
 RETRIEVAL = ("single", "single-words", "single-uuids", "single-noise", "multikey", "multivalue", "multiquery", "vt",
              "cwe")
 ALIASES = {"passkey": "single"}
@@ -66,12 +66,12 @@ class Niah(Task):
         as_corpus(self.opts.haystack)  # a missing file or binary text, before any model loads
 
     def texts(self) -> list[str]:
-        from tcal.evaluate.niah import TASKS
+        from tcal.evaluate.tasks.niah.ruler import TASKS
 
         return [self.opts.haystack] if any(TASKS[t].haystack == "text" for t in self.tasks) else []
 
     def prepare(self, model, tokenizer, teacher=None) -> None:
-        from tcal.evaluate.niah import check_lengths
+        from tcal.evaluate.tasks.niah.ruler import check_lengths
 
         check_lengths(model, self.lengths)
         self.tokenizer = tokenizer
@@ -79,7 +79,7 @@ class Niah(Task):
     # -- curve points, ablation rows -----------------------------------------------------------------------------
 
     def probes(self):
-        from tcal.evaluate.niah import retrieval_probes
+        from tcal.evaluate.tasks.niah.ruler import retrieval_probes
 
         if self._probes is None:  # the prompts are built once: every point scores the same ones
             self._probes = {}
@@ -122,7 +122,7 @@ class Niah(Task):
                 "haystack": o.haystack, "max_new_tokens": o.max_new_tokens}
 
     def run(self, model, tokenizer, progress: Progress) -> dict:
-        from tcal.evaluate.niah import niah_cell
+        from tcal.evaluate.tasks.niah.ruler import niah_cell
 
         o = self.opts
         state = progress.resume(self.settings())
@@ -148,7 +148,7 @@ class Niah(Task):
         return files["niah.md"]
 
     def markdown(self, result: dict, title: str) -> str:
-        from tcal.evaluate.niah import accuracy_interval
+        from tcal.evaluate.tasks.niah.ruler import accuracy_interval
 
         s, cells, lengths = result["settings"], result["cells"], result["lengths"]
         # from the samples, so cells a resumed run kept from before intervals were stored read the same

@@ -1,4 +1,4 @@
-"""HumanEval: pass@1 of the code a model writes (:mod:`tcal.evaluate.humaneval`), each program run under its tests
+"""HumanEval: pass@1 of the code a model writes (:mod:`tcal.evaluate.tasks.humaneval.problems`), each program run under its tests
 in the sandbox (:mod:`tcal.evaluate.sandbox`), only with ``--allow-code-execution``.
 
 ``--tasks humaneval:20`` scores the first 20 problems (default: all; ``--problems`` for another file;
@@ -65,8 +65,8 @@ class HumanEval(Task):
         import hashlib
         from pathlib import Path
 
-        from tcal.evaluate.humaneval import load_completions, load_problems
         from tcal.evaluate.sandbox import Limits, require
+        from tcal.evaluate.tasks.humaneval.problems import load_completions, load_problems
 
         o = self.opts
         for name in ("batch_size", "max_new_tokens", "threads"):
@@ -91,7 +91,7 @@ class HumanEval(Task):
         require(o.sandbox)  # --sandbox strict where the kernel refuses namespaces: refused before any model loads
 
     def prepare(self, model, tokenizer, teacher=None) -> None:
-        from tcal.evaluate.humaneval import prompt_style
+        from tcal.evaluate.tasks.humaneval.problems import prompt_style
 
         self.tokenizer = tokenizer
         if self.given:  # answers written elsewhere: the style says how to cut them, no tokenizer frames a prompt
@@ -105,8 +105,8 @@ class HumanEval(Task):
         return {"humaneval": lambda model: self.measure(model)["pass@1"]}
 
     def measure(self, model) -> dict:
-        from tcal.evaluate.humaneval import MAX_NEW_TOKENS, humaneval
         from tcal.evaluate.sandbox import Limits
+        from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS, humaneval
 
         o = self.opts
         # the gate was passed when the command built its tasks (check_code_execution)
@@ -135,7 +135,7 @@ class HumanEval(Task):
         return None if self.given else ("humaneval.json", "completions", str)
 
     def known_settings(self) -> dict:
-        from tcal.evaluate.humaneval import MAX_NEW_TOKENS
+        from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS
 
         o = self.opts
         known = {"model": o.model, "engine": o.engine, "problems_sha256": self.digest,
@@ -145,8 +145,8 @@ class HumanEval(Task):
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import time
 
-        from tcal.evaluate import humaneval as H
         from tcal.evaluate.sandbox import Limits, describe, guards
+        from tcal.evaluate.tasks.humaneval import problems as H
 
         o, problems = self.opts, self.problems
         sandbox = guards(o.sandbox)
@@ -204,9 +204,9 @@ class HumanEval(Task):
     def markdown(self, summary: dict, title: str) -> str:
         from collections import Counter
 
-        from tcal.evaluate.humaneval import CHAT_STOPS, COMPLETION_STOPS
-        from tcal.evaluate.niah import accuracy_interval
         from tcal.evaluate.sandbox import describe, reason_kind
+        from tcal.evaluate.tasks.humaneval.problems import CHAT_STOPS, COMPLETION_STOPS
+        from tcal.evaluate.tasks.niah.ruler import accuracy_interval
 
         results = summary["results"]
         lo, hi = accuracy_interval([float(r["passed"]) for r in results])
