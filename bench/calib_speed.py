@@ -43,8 +43,8 @@ def main() -> None:
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep, parse_policy, uniform_layers
     from tcal.taylor import pipeline
-    from tcal.taylor.config import AlignConfig, KLConfig
     from tcal.taylor.pipeline import prepare
+    from tcal.taylor.stage_config import AlignConfig, KLConfig
 
     if args.group_bytes is not None:
         pipeline.LAZY_GROUP_BYTES = int(args.group_bytes)

@@ -111,7 +111,7 @@ def tokens_step(args) -> None:
 
 
 def align_for(budget: str, steps: int):
-    from tcal.taylor.config import AlignConfig
+    from tcal.taylor.stage_config import AlignConfig
 
     n, w = BUDGETS[budget]
     if budget == "1k":  # the reference protocol: full-batch steps, held-out check every step
@@ -148,8 +148,8 @@ def run_job(job: dict, teacher, tokens: Path, evals: dict, device: str, steps: i
 
     from tcal.conversion.convert import convert_with_record
     from tcal.evaluate.likelihood import window_ppl
-    from tcal.taylor.config import KLConfig
     from tcal.taylor.pipeline import prepare
+    from tcal.taylor.stage_config import KLConfig
 
     spec = init_spec(job)
     path = tokens / f"calib-{job['calib']}-{job['budget']}.npy"

@@ -47,8 +47,8 @@ from tcal.evaluate.tasks.humaneval.problems import (
     score,
 )
 from tcal.evaluate.tasks.niah.ruler import retrieval_probes
-from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.kl_stage import kl_stage, mean_kl
+from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.utils.atomic import write_json
 
 CALIB = "code:calib+wiki:calib"

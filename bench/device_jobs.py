@@ -47,7 +47,7 @@ class Job:
 
     @property
     def teacher(self) -> str:
-        from tcal.utils.config import DEFAULT_TEACHER
+        from tcal.utils.command_config import DEFAULT_TEACHER
 
         return self.get("TEACHER", DEFAULT_TEACHER)
 

@@ -27,7 +27,7 @@ from tcal.conversion.select import select_layers
 from tcal.models.shapes import SHAPES, random_model
 from tcal.ops import dispatch as ops_dispatch
 from tcal.ops.dispatch import resolve_backend
-from tcal.train.config import TrainOptions
+from tcal.train.options import TrainOptions
 from tcal.train.trainer import distill
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tcal.data import overlap as O  # noqa: E402
 from tcal.data.corpora import BUILTIN_CORPORA, load_corpus, split_of  # noqa: E402
-from tcal.utils.config import DEFAULT_CALIB  # noqa: E402
+from tcal.utils.command_config import DEFAULT_CALIB  # noqa: E402
 
 
 def python_package(name: str) -> dict[str, list[str]]:

@@ -24,7 +24,7 @@ from helpers import write_distill_assets
 
 from tcal.train import distributed as D
 from tcal.train.checkpoint import load_model
-from tcal.train.config import TrainOptions
+from tcal.train.options import TrainOptions
 from tcal.train.trainer import distill
 
 

@@ -31,10 +31,10 @@ from tcal.conversion.surgery import build_hybrid
 from tcal.data.teachers import load_teacher
 from tcal.data.tokens import token_windows
 from tcal.taylor.budget import CALIB_BUDGETS
-from tcal.taylor.config import KLConfig
 from tcal.taylor.kl_stage import kl_stage
 from tcal.taylor.pipeline import compile_calibration, split_calibration
-from tcal.utils.config import DEFAULT_CALIB
+from tcal.taylor.stage_config import KLConfig
+from tcal.utils.command_config import DEFAULT_CALIB
 from tcal.utils.runtime import tf32_matmul
 
 KEEP = list(range(0, 30, 2))

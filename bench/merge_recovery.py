@@ -21,8 +21,8 @@ from tcal.conversion.inits import get_init
 from tcal.recipes.recover import RESUME_FREE
 from tcal.report.plots import plot_recovery
 from tcal.report.targets import table_markdown, target_table
-from tcal.train.config import changed_settings
 from tcal.train.curve import read_curve
+from tcal.train.options import changed_settings
 
 FREE = set(RESUME_FREE) | {"inits", "stage", "overwrite"}
 # KL-stage settings that no longer exist, at the value that left them off: recorded so by older runs, they

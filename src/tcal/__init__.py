@@ -36,6 +36,11 @@ MOVED = {
     "tcal.evaluate.niah": "tcal.evaluate.tasks.niah.ruler",
     "tcal.evaluate.harness": "tcal.evaluate.tasks.lm_eval.harness",
     "tcal.evaluate.kl": "tcal.modules.distill_loss",
+    "tcal.utils.config": "tcal.utils.command_config",
+    "tcal.modules.config": "tcal.modules.gdn_shape",
+    "tcal.taylor.config": "tcal.taylor.stage_config",
+    "tcal.train.config": "tcal.train.options",
+    "tcal.conversion.initialise": "tcal.conversion.apply_init",
 }
 install(MOVED)
 

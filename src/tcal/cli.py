@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from tcal.utils.config import add_dataclass_args, from_args
+from tcal.utils.command_config import add_dataclass_args, from_args
 from tcal.utils.errors import TcalError, TcalWarning
 
 # name -> (recipe module, config class, help)

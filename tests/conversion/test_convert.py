@@ -61,7 +61,7 @@ def test_calibration_tokens_from_text_ids_or_a_prepared_calibration(tmp_path, mo
 
 def test_stage_timings_say_where_a_conversion_went():
     from tcal.conversion.convert import stage_timings
-    from tcal.taylor.config import KLConfig
+    from tcal.taylor.stage_config import KLConfig
 
     teacher = tiny_teacher("llama")
     ids = torch.randint(0, teacher.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
@@ -83,7 +83,7 @@ def test_the_kl_stage_fits_chat_windows_on_their_answers_when_asked(tmp_path):
     from helpers import tiny_teacher, word_tokenizer
 
     from tcal.conversion.convert import chat_kl_data, convert_with_record
-    from tcal.taylor.config import AlignConfig, KLConfig
+    from tcal.taylor.stage_config import AlignConfig, KLConfig
 
     code = "\n".join(f'def f{i}(a, b):\n    """Sum of a and b."""\n    c = a + b\n    return c * {i}\n\n'
                      for i in range(12))

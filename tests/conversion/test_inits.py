@@ -9,8 +9,8 @@ import torch
 from helpers import assert_close, tiny_teacher
 
 import tcal
+from tcal.conversion.apply_init import initialise
 from tcal.conversion.convert import convert_with_record
-from tcal.conversion.initialise import initialise
 from tcal.conversion.inits import INITS, InitSpec, get_init, parse_inits, register_init
 from tcal.conversion.surgery import build_hybrid
 from tcal.taylor.phase2 import AlignConfig

@@ -137,7 +137,7 @@ def test_a_hybrid_sharing_the_teachers_tensors_is_the_same_hybrid_and_leaves_the
     the same weights and logits as a copying build; a calibrated conversion (Phase 2 and the KL stage train the
     GDN layers) leaves the teacher bit-identical; unshare() gives the hybrid copies that train on their own."""
     from tcal.conversion.surgery import build_hybrid, unshare
-    from tcal.taylor.config import AlignConfig, KLConfig
+    from tcal.taylor.stage_config import AlignConfig, KLConfig
 
     teacher = tiny_teacher("qwen2", tie_word_embeddings=tied)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 def test_builtins_listed():
     from tcal.recipes.eval import EvalConfig
-    from tcal.utils.config import TeacherArgs
+    from tcal.utils.command_config import TeacherArgs
 
     # the default teacher, written once: every command's flag and load_teacher take it
     assert DEFAULT_TEACHER == "smollm2-135m" == TeacherArgs().teacher == EvalConfig().model

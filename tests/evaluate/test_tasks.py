@@ -104,7 +104,7 @@ def test_the_old_eval_flags_map_onto_tasks(over, tasks):
 ])
 def test_the_old_curve_flags_map_onto_tasks(over, tasks, haystack):
     from tcal.recipes.distill import DistillConfig
-    from tcal.train.config import curve_specs
+    from tcal.train.options import curve_specs
 
     specs, _, hay = curve_specs(DistillConfig(**over))
     assert (join_tasks(specs), hay) == (tasks, haystack)

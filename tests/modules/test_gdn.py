@@ -3,9 +3,9 @@ import pytest
 import torch
 from helpers import assert_close
 
-from tcal.modules.config import GDNShape
 from tcal.modules.conv import ShortConvolution
 from tcal.modules.gdn import GatedDeltaNet, inverse_softplus
+from tcal.modules.gdn_shape import GDNShape
 from tcal.modules.norms import HeadRMSNorm, l2norm
 
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 from helpers import assert_close
 
-from tcal.modules.config import GDNShape
 from tcal.modules.gdn import GatedDeltaNet
+from tcal.modules.gdn_shape import GDNShape
 from tcal.modules.gdn_stack import GDNStack
 from tcal.utils.errors import TcalError
 

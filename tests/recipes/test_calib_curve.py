@@ -59,7 +59,7 @@ def test_the_long_budget_is_the_measured_sweep_job(monkeypatch):
     import calib_sweep
 
     from tcal.taylor.budget import CalibArgs
-    from tcal.taylor.config import KLConfig
+    from tcal.taylor.stage_config import KLConfig
 
     b = CalibArgs(calib_budget="long").budget("cuda")
     n, w = b.windows, b.window

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from tcal.recipes.distill import DistillConfig, run, start_partial
 from tcal.train.checkpoint import load_model, partial_dir
 from tcal.train.curve import read_curve
-from tcal.utils.config import add_dataclass_args, from_args
+from tcal.utils.command_config import add_dataclass_args, from_args
 from tcal.utils.errors import TcalError
 
 VOCAB = 97
@@ -210,7 +210,7 @@ def test_eval_passkey_bad_input(assets, tmp_path):
 
 
 def test_a_run_saved_before_a_setting_existed_resumes_with_its_default():
-    from tcal.train.config import changed_settings
+    from tcal.train.options import changed_settings
 
     assert changed_settings({"lr": 1.0}, {"lr": 1.0, "eval_passkey": "", "eval_passkey_samples": 10}) == []
     assert changed_settings({"lr": 1.0}, {"lr": 1.0, "eval_passkey": "4096"}) == ["eval_passkey"]

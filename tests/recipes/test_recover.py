@@ -8,7 +8,7 @@ import torch
 from tcal.recipes.recover import RecoverConfig, jsonable, replot, run
 from tcal.train.checkpoint import partial_dir
 from tcal.train.curve import read_curve
-from tcal.utils.config import add_dataclass_args, from_args
+from tcal.utils.command_config import add_dataclass_args, from_args
 from tcal.utils.errors import TcalError
 
 SEQ, BATCH = 16, 4

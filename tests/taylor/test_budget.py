@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from tcal.taylor.budget import CALIB_BUDGETS, CalibArgs, CalibBudget
-from tcal.taylor.config import AlignConfig, KLConfig
+from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.utils.errors import TcalError
 
 

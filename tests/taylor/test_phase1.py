@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from helpers import tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
-from tcal.modules.config import GDNShape
 from tcal.modules.gdn import GatedDeltaNet, inverse_softplus
+from tcal.modules.gdn_shape import GDNShape
 from tcal.ops import naive_recurrent_gated_delta_rule
 from tcal.taylor.capture import LayerIO, capture_teacher_io
 from tcal.taylor.formulas import (

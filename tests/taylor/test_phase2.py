@@ -7,8 +7,8 @@ import torch
 from helpers import tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
-from tcal.modules.config import GDNShape
 from tcal.modules.gdn import GatedDeltaNet
+from tcal.modules.gdn_shape import GDNShape
 from tcal.taylor.capture import LayerIO, capture_teacher_io
 from tcal.taylor.phase2 import AlignConfig, align_layer, align_layers, param_groups
 from tcal.taylor.pipeline import split_calibration

@@ -7,8 +7,8 @@ import torch
 from helpers import assert_close, tiny_teacher
 
 from tcal.conversion.surgery import build_hybrid
-from tcal.modules.config import GDNShape
 from tcal.modules.gdn import GatedDeltaNet
+from tcal.modules.gdn_shape import GDNShape
 from tcal.taylor import pipeline
 from tcal.taylor.capture import LayerIO
 from tcal.taylor.phase2 import AlignConfig, align_group, align_layer, concurrent_groups, fit_bytes

@@ -12,7 +12,7 @@ from multiproc import RankFailed, run_ranks
 
 from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model
-from tcal.train.config import TrainOptions
+from tcal.train.options import TrainOptions
 from tcal.train.sampler import WindowOrder, batch_for_step
 from tcal.train.trainer import distill
 from tcal.utils.errors import TcalError

@@ -9,8 +9,8 @@ import torch
 from helpers import distill_data
 
 from tcal.train.checkpoint import checkpoint_dir, has_checkpoint, load_model, partial_dir
-from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import CURVE_FIELDS, curve_csv, read_curve
+from tcal.train.options import TrainOptions, changed_settings, check_train_options
 from tcal.train.trainer import Trainer, distill
 from tcal.utils.errors import TcalError
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from tcal.utils.config import DeviceArgs, EvalArgs, GDNArgs, TeacherArgs, add_dataclass_args, arg, from_args
+from tcal.utils.command_config import DeviceArgs, EvalArgs, GDNArgs, TeacherArgs, add_dataclass_args, arg, from_args
 
 
 @dataclasses.dataclass

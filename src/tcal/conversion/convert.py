@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from tcal.conversion.initialise import initialise
+from tcal.conversion.apply_init import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
@@ -21,7 +21,7 @@ from tcal.models.configuration_hybrid import HybridConfig
 from tcal.models.modeling_hybrid import HybridForCausalLM
 from tcal.taylor.kl_stage import KLData
 from tcal.taylor.pipeline import Calibration, as_calibration_ids, split_calibration
-from tcal.utils.config import DEFAULT_CALIB
+from tcal.utils.command_config import DEFAULT_CALIB
 from tcal.utils.errors import TcalError, TcalWarning
 
 # The reference's calibration budget: 4 sequences of 256 tokens.

@@ -1,7 +1,7 @@
 """The init strategies, as typed specs: what each needs and which Taylor-Calibrate stages it runs.
 
 Plain data (no torch), so ``import tcal`` lists every init and ``tcal --help`` shows them at
-once. :func:`tcal.conversion.initialise.initialise` carries a spec out.
+once. :func:`tcal.conversion.apply_init.initialise` carries a spec out.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tcal.conversion.initialise import initialise
+from tcal.conversion.apply_init import initialise
 from tcal.conversion.inits import get_init
 from tcal.conversion.policy import (
     parse_policy,

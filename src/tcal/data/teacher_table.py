@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tcal.utils.config import DEFAULT_CALIB as PROSE_CALIB
+from tcal.utils.command_config import DEFAULT_CALIB as PROSE_CALIB
 
 PROSE_EVAL = "wiki:eval,shakespeare:eval,sotu:eval"
 

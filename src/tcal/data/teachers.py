@@ -38,7 +38,7 @@ from tcal.data.corpora import path_exists
 from tcal.data.teacher_table import TEACHERS, BuiltinTeacher, Part
 from tcal.utils.atomic import atomic_dir
 from tcal.utils.cache import cache_root, fetch_pypi, sha256_file
-from tcal.utils.config import DEFAULT_TEACHER
+from tcal.utils.command_config import DEFAULT_TEACHER
 from tcal.utils.errors import TcalError
 from tcal.utils.progress import say
 

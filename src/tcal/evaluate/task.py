@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tcal.utils.config import arg
+from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError, TcalWarning
 
 _ITEM = re.compile(r"(?P<name>[A-Za-z][\w.\-/]*)(?P<mods>(?:[:@]\d+)*)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 
-from tcal.modules.config import GDN_OPTIONS, GDNShape
+from tcal.modules.gdn_shape import GDN_OPTIONS, GDNShape
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # Fields the generation / cache machinery reads off the top-level config.
@@ -31,7 +31,7 @@ class HybridConfig(PreTrainedConfig):
     layer_types: list[str] | None = None  # "full_attention" / "linear_attention" per layer
     target: str = "native"  # the layout the hybrid was built to fit (tcal.conversion.target)
     # gdn_<name> for every GDNShape option, with its default: the options are declared once, in
-    # tcal.modules.config, and a saved config.json holds them flat, as hybrids always have
+    # tcal.modules.gdn_shape, and a saved config.json holds them flat, as hybrids always have
     for _option in GDN_OPTIONS:
         __annotations__[f"gdn_{_option.name}"] = _option.type
         locals()[f"gdn_{_option.name}"] = _option.default

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tcal.modules.config import GDNShape
 from tcal.modules.conv import ShortConvolution, causal_conv, conv_step
+from tcal.modules.gdn_shape import GDNShape
 from tcal.modules.norms import HeadRMSNorm, head_norm, l2norm
 from tcal.ops import fused_gdn_step, fused_gdn_step_available, gated_delta_rule, norm_gated_available, rms_norm_gated
 from tcal.utils import compat

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tcal.conversion.policy import KEEP_HELP
 from tcal.evaluate.task import TaskArgs
 from tcal.taylor.budget import CalibArgs
-from tcal.utils.config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
 log = logging.getLogger("tcal")
 
@@ -69,7 +69,7 @@ def _check(cfg: AblateConfig):
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate import tasks as T
     from tcal.evaluate.task import TASK_FLAGS
-    from tcal.train.config import run_words
+    from tcal.train.options import run_words
     from tcal.utils.atomic import check_out
     from tcal.utils.flags import as_given, refuse_unread
     from tcal.utils.runtime import resolve_device

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tcal.airgap import DEFAULT_CARRY, DEFAULT_STAGE, TRANSFER_MB
 from tcal.airgap.carry import FLA_VERSION
-from tcal.utils.config import DEFAULT_TEACHER, arg
+from tcal.utils.command_config import DEFAULT_TEACHER, arg
 from tcal.utils.errors import TcalError
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tcal.engines.rows import BENCH_ROWS, rows_help
 from tcal.models.shapes import SHAPES
-from tcal.utils.config import DeviceArgs, OutArgs, arg
+from tcal.utils.command_config import DeviceArgs, OutArgs, arg
 from tcal.utils.errors import TcalError
 
 ROWS = tuple(BENCH_ROWS)

@@ -10,7 +10,7 @@ from tcal.conversion.inits import INITS
 from tcal.conversion.policy import KEEP_HELP
 from tcal.conversion.target import DEFAULT_TARGET, TARGET_HELP, TARGETS
 from tcal.taylor.budget import CalibArgs
-from tcal.utils.config import DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.command_config import DeviceArgs, EvalArgs, GDNArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 
 SCORED_POLICIES = ("ar", "ga", "niah")  # keep policies that score layers on the calibration text

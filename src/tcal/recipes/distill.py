@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.train.config import TrainOptions
-from tcal.utils.config import OutArgs, TeacherArgs, arg
+from tcal.train.options import TrainOptions
+from tcal.utils.command_config import OutArgs, TeacherArgs, arg
 
 
 @dataclass
@@ -34,7 +34,7 @@ def start_partial(out, resume: bool, settings: dict | None = None, free=None):
     checkpoint (with ``resume``, and the same ``settings`` but ``free`` ones), started over where it holds none,
     refused where tcal did not write it."""
     from tcal.train.checkpoint import has_checkpoint, legacy_run
-    from tcal.train.config import RESUME_FREE, changed_settings
+    from tcal.train.options import RESUME_FREE, changed_settings
     from tcal.utils.partial import open_work
 
     free = RESUME_FREE if free is None else free
@@ -92,7 +92,7 @@ def finish_run(out, report: dict, student, tokenizer, cfg, *, title: str, tasks=
 def run(cfg: DistillConfig, *, callback=None) -> dict:
     """``tcal distill``: load the hybrid and the teacher, distil, write ``cfg.out``."""
     from tcal.train import distributed as D
-    from tcal.train.config import check_train_options, curve_tasks
+    from tcal.train.options import check_train_options, curve_tasks
     from tcal.utils.runtime import resolve_device
 
     check_train_options(cfg, cfg.tokens)
@@ -113,7 +113,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     from tcal.data.tokens import window_prefix
     from tcal.train import distributed as D
     from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer
-    from tcal.train.config import changed_settings
+    from tcal.train.options import changed_settings
     from tcal.train.trainer import distill
     from tcal.utils.atomic import check_out, written_files
     from tcal.utils.errors import TcalError
@@ -224,7 +224,7 @@ def training_streams(cfg, tokenizer):
 
 
 def curve_probes(tasks, tokenizer, teacher) -> dict:
-    """The scorers of every curve point, one per column, from the run's tasks (:func:`tcal.train.config.curve_tasks`):
+    """The scorers of every curve point, one per column, from the run's tasks (:func:`tcal.train.options.curve_tasks`):
     prompts built once from the tokenizer, lengths checked against the teacher's position limit."""
     from tcal.utils.errors import TcalError
 

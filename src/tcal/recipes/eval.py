@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tcal.engines import GENERATING as ENGINES  # --engine: tcal, llama.cpp
 from tcal.evaluate.task import Progress, TaskArgs
-from tcal.utils.config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
+from tcal.utils.command_config import DEFAULT_TEACHER, DeviceArgs, OutArgs, arg
 from tcal.utils.partial import MARK, read_mark
 
 DEFAULT_OUT = "runs/eval"  # where the tasks that always write a report write it

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcal.engines import export_engines
-from tcal.utils.config import OutArgs, arg
+from tcal.utils.command_config import OutArgs, arg
 from tcal.utils.errors import TcalError
 
 FORMATS = ("hf", "gguf")

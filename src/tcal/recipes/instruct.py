@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.utils.config import DeviceArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.command_config import DeviceArgs, OutArgs, TeacherArgs, arg
 
 ANSWERS = ("teacher", "reference")
 

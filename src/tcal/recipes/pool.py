@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tcal.utils.config import OutArgs, TeacherArgs, arg
+from tcal.utils.command_config import OutArgs, TeacherArgs, arg
 
 
 @dataclass

@@ -30,8 +30,8 @@ from tcal.recipes.distill import (
     training_streams,
 )
 from tcal.taylor.budget import CalibArgs
-from tcal.train.config import SCHEDULES, TrainOptions
-from tcal.utils.config import GDNArgs, OutArgs, TeacherArgs, arg
+from tcal.train.options import SCHEDULES, TrainOptions
+from tcal.utils.command_config import GDNArgs, OutArgs, TeacherArgs, arg
 
 # Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
 RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "teacher_placement",
@@ -75,7 +75,7 @@ def _start(cfg: RecoverConfig, world, tasks, given):
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.train import distributed as D
-    from tcal.train.config import run_words
+    from tcal.train.options import run_words
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
     from tcal.utils.flags import refuse_unread
@@ -115,7 +115,7 @@ def _open_work(cfg: RecoverConfig, out: Path):
     """The recovery's unfinished work in OUT.partial (:func:`tcal.utils.partial.open_work`): resumed with
     --resume and the same settings, started over where it holds nothing to resume, refused where tcal did not
     write it."""
-    from tcal.train.config import changed_settings
+    from tcal.train.options import changed_settings
     from tcal.utils.partial import open_work
 
     return open_work(out, "recover", settings=dataclasses.asdict(cfg), resume=cfg.resume,
@@ -222,7 +222,7 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
     """Convert with each init, distil each the same way, tabulate tokens-to-target. Under torchrun
     every rank runs this; rank 0 alone writes and prints."""
     from tcal.train import distributed as D
-    from tcal.train.config import check_train_options, curve_tasks
+    from tcal.train.options import check_train_options, curve_tasks
     from tcal.utils.flags import as_given
     from tcal.utils.runtime import resolve_device
 

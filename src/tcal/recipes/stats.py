@@ -5,7 +5,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from tcal.utils.config import DeviceArgs, OutArgs, TeacherArgs, arg
+from tcal.utils.command_config import DeviceArgs, OutArgs, TeacherArgs, arg
 
 
 @dataclass

@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from tcal.data.teacher_table import CODE_CALIB, builtin_origin, default_calib, default_kl_data
-from tcal.taylor.config import AlignConfig, KLConfig
-from tcal.utils.config import arg
+from tcal.taylor.stage_config import AlignConfig, KLConfig
+from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError
 
 

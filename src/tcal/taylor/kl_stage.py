@@ -7,7 +7,7 @@ forward KL(teacher || hybrid) of the next-token distributions over the calibrati
 sequences. The state kept is the one of lowest KL on the held-out calibration sequences, which
 are evaluated before the first step too, so the stage can never return a worse model than it
 was given (on those sequences). The schedule, held-out checks, patience and non-finite guard are the
-fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.config.KLConfig`.
+fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.stage_config.KLConfig`.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tcal.modules.distill_loss import (
     rows_per_chunk,
     teacher_targets,
 )
-from tcal.taylor.config import KLConfig
+from tcal.taylor.stage_config import KLConfig
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import begin, nonfinite
 from tcal.utils.fit_tensors import heldout_step, restore, set_lr, snapshot

@@ -11,7 +11,7 @@ The state kept is the best one on a held-out slice of the calibration sequences 
 ``heldout_frac`` of them, split off by :func:`tcal.taylor.pipeline.calibrate`), not the one with
 the lowest training loss: on a few calibration sequences the training loss keeps falling while
 the held-out fit gets worse. The schedule, held-out checks, patience and non-finite guard are the
-fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.config.AlignConfig`.
+fit rules every loop shares (:mod:`tcal.utils.fit`); the settings are :class:`tcal.taylor.stage_config.AlignConfig`.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 from tcal.modules.gdn import GatedDeltaNet
 from tcal.modules.gdn_stack import GDNStack
 from tcal.taylor.capture import LayerIO
-from tcal.taylor.config import AlignConfig
 from tcal.taylor.layer_fit import gdn_device_dtype, layer_output, output_fit
+from tcal.taylor.stage_config import AlignConfig
 from tcal.utils.errors import TcalError
 from tcal.utils.fit import FitState, begin, heldout_check, nonfinite, train_loss
 from tcal.utils.fit_tensors import heldout_step, reset_optimizer, restore, set_lr, snapshot

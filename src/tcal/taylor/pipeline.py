@@ -27,10 +27,10 @@ import torch
 from tcal import ops
 from tcal.taylor import parallel
 from tcal.taylor.capture import LayerIO, capture_layer_input, capture_teacher_io
-from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.kl_stage import KLData, kl_stage
 from tcal.taylor.phase1 import PHASE1_VARIANTS, apply_phase1
 from tcal.taylor.phase2 import align_layers, concurrent_on
+from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
 from tcal.utils.runtime import memory_budget, tf32_matmul

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from tcal.train.config import TEACHER_PLACEMENTS
+from tcal.train.options import TEACHER_PLACEMENTS
 from tcal.utils.errors import TcalError
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

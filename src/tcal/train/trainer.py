@@ -26,8 +26,8 @@ from tcal.evaluate.tasks.answer_kl import AnswerKL
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
-from tcal.train.config import TrainOptions, changed_settings, check_train_options
 from tcal.train.curve import curve_csv
+from tcal.train.options import TrainOptions, changed_settings, check_train_options
 from tcal.train.sampler import Stream, WindowOrder, batch_for_step, mix_rows, mixed_batch_for_step
 from tcal.utils.atomic import write_json
 from tcal.utils.errors import TcalError
@@ -141,7 +141,7 @@ class Trainer:
                                             cfg.recall_frac, cfg.recall_span), n_mix))
         self.main = self.world.is_main()
         # scores beside the PPL at every curve point, one per column (single@4096, humaneval, answer_kl: the --tasks
-        # of tcal.train.config.curve_tasks)
+        # of tcal.train.options.curve_tasks)
         self.probes = dict(probes or {})
         if self.probes and self.world.distributed:
             raise TcalError("curve tasks (--tasks) run in one process; under torchrun score the finished model with "

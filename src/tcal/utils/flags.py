@@ -3,7 +3,7 @@
 Which settings a part of a run reads is declared once, by that part: an evaluation task by its options
 (:attr:`tcal.evaluate.task.Task.options`), an init by its stages (:func:`tcal.conversion.inits.init_readers`), a
 setting that only matters beside another by the reader declared with the flags (``--mix-frac`` beside
-``--mix-data``: :func:`tcal.train.config.train_readers`). A command gathers those readers, each knowing whether this
+``--mix-data``: :func:`tcal.train.options.train_readers`). A command gathers those readers, each knowing whether this
 run has it, and :func:`refuse_unread` stops at the first flag given away from its default that no reader of this
 run reads::
 

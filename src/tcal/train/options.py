@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, fields
 
 from tcal.evaluate.task import TASK_FLAGS, TaskArgs
-from tcal.utils.config import DeviceArgs, EvalArgs, arg
+from tcal.utils.command_config import DeviceArgs, EvalArgs, arg
 from tcal.utils.errors import TcalError
 from tcal.utils.flags import Reader, refuse_unread
 from tcal.utils.schedule import SCHEDULES

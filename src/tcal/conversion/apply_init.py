@@ -7,9 +7,9 @@ import torch
 
 from tcal.conversion.inits import InitSpec, get_init
 from tcal.taylor.budget import CALIB_BUDGETS
-from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.kl_stage import KLData
 from tcal.taylor.pipeline import Calibration, calibrate, prepare
+from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.utils.errors import TcalError
 
 
