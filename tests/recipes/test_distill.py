@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tcal.recipes.distill import DistillConfig, run, start_partial
-from tcal.train.checkpoint import load_model, partial_dir
+from tcal.recipes.distill import DistillConfig, run
+from tcal.train.checkpoint import load_model, partial_dir, start_partial
 from tcal.train.curve import read_curve
 from tcal.utils.command_config import add_dataclass_args, from_args
 from tcal.utils.errors import TcalError
@@ -197,7 +197,7 @@ def test_eval_passkey_scores_every_curve_point_and_survives_a_pause(assets, tmp_
 
 
 def test_eval_passkey_bad_input(assets, tmp_path):
-    with pytest.raises(TcalError, match="--eval-passkey takes context lengths"):
+    with pytest.raises(TcalError, match="--eval-passkey must be whole numbers of tokens like 512,1024"):
         run(make_cfg(assets, tmp_path / "a", eval_passkey="1k"))
     with pytest.raises(TcalError, match="at least 16"):
         run(make_cfg(assets, tmp_path / "b", eval_passkey="8"))

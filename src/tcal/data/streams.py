@@ -63,6 +63,14 @@ def load_token_stream(data, tokenizer=None, *, cache_dir=None) -> tuple[np.ndarr
                  "content_hash": corpus.content_hash[:16]}
 
 
+def is_token_file(data) -> bool:
+    """Whether ``data`` names token ids (a token pool directory or a ``.npy`` file) rather than text."""
+    if not isinstance(data, (str, os.PathLike)):
+        return False
+    path = Path(data).expanduser()
+    return _is_pool(path) or (path.suffix == ".npy" and path_exists(os.fspath(data)) and path.is_file())
+
+
 def eval_windows_for(data, tokenizer, window: int, windows: int, *, cache_dir=None) -> tuple[torch.Tensor, str]:
     """The first ``windows`` non-overlapping windows of ``window`` tokens of ``data`` (the
     perplexity protocol of :mod:`tcal.evaluate`) as a LongTensor, and the data's name."""

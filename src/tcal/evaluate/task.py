@@ -12,15 +12,14 @@ samples, windows) and ``@L`` (a context length); a bare number after an item is 
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError, TcalWarning
 
 _ITEM = re.compile(r"(?P<name>[A-Za-z][\w.\-/]*)(?P<mods>(?:[:@]\d+)*)")
@@ -76,29 +75,34 @@ def join_tasks(specs: Sequence[TaskSpec]) -> str:
     return ",".join(str(s) for s in specs)
 
 
-@dataclass
-class TaskOptions:
-    """What tasks read besides their specs: one field per flag, the same flag in every command that has it
-    (a command without it leaves the default). Which task reads which field is its :attr:`Task.options`."""
+@dataclass(frozen=True)
+class Option:
+    """A flag a task reads, declared by the task itself in :attr:`Task.options`: ``--NAME`` in every command that
+    evaluates (``eval_only``: in ``tcal eval`` alone, a setting of how it runs the task that a curve point or an
+    ablation row never reads), its help the words of each task that declares it. Tasks that share a flag
+    (``--seed``, ``--batch-size``) each declare it, with the same default."""
 
-    model: str = ""  # the model the command evaluates, as the user named it (tcal eval MODEL)
-    data: str = ""  # the command's --data: ppl's text (tcal eval), answer_kl's instruct set (distill, recover)
-    seed: int = 0  # every random choice in generated prompts
-    haystack: str = "sotu:eval"  # retrieval: the real text needles hide in
-    batch_size: int | None = None
-    max_new_tokens: int | None = None  # generation: the answer's room
-    problems: str = ""  # humaneval: a problems file instead of HumanEval's
-    completions: str = ""  # humaneval: answers generated elsewhere, scored without a model
-    engine: str = "tcal"  # humaneval: tcal or llama.cpp
-    threads: int | None = None  # humaneval in llama.cpp
-    prompt_style: str = "auto"  # humaneval: auto, chat or completion
-    timeout: float = 10.0  # humaneval: seconds each program may run
-    memory_mb: int = 1024  # humaneval: memory each program may use
-    sandbox: str = "auto"  # humaneval: auto (namespaces where the kernel allows them) or strict (only there)
-    lm_eval_data: str = "shakespeare:eval"  # lm-eval: the text the local tasks are built from
-    dtype: str = "float32"
-    device: str = ""  # where the model runs (resolved)
-    progress: bool = False
+    name: str  # the config field: --name-with-dashes
+    default: object
+    help: str  # what it is to the task that declares it
+    kind: type | None = None  # int, float, str or bool; None: the default's type
+    choices: tuple[str, ...] | None = None
+    eval_only: bool = False
+
+    @property
+    def type(self) -> type:
+        return self.kind or type(self.default)
+
+
+# What every command that evaluates hands its tasks besides their flags, with the value a task sees where the command
+# has no such setting: the model it scores as the user named it (tcal eval MODEL), the command's --data (ppl's text,
+# answer_kl's instruct set), where and in which dtype the model runs, whether to draw progress bars.
+SETTINGS = {"model": "", "data": "", "dtype": "float32", "device": "", "progress": False}
+
+
+class TaskOptions(types.SimpleNamespace):
+    """What a task reads (``task.opts``): the command's :data:`SETTINGS` and the value of every task flag, each
+    flag's default where the command has none (:func:`tcal.evaluate.tasks.options` builds it)."""
 
 
 PROMPT_STYLES = ("auto", "chat", "completion")  # tcal.evaluate.tasks.humaneval.problems.STYLES
@@ -112,37 +116,9 @@ CODE_EXECUTION_HELP = (
     "also refuses its calls that signal other processes, run other programs, delete files or open sockets; "
     "everything it starts is killed afterwards, and a problem passes only once its check() has returned. It can "
     "still read the files your user can read (docs/evaluation.md says exactly what holds in each mode)")
-
-
-@dataclass
-class TaskArgs:
-    """The task flags of every command that evaluates (tcal eval, ablate, distill, recover), spelled the same."""
-
-    tasks: str = arg("", "tasks to score, comma-separated: NAME[:N][@LENGTH,...], N = how many of its items "
-                         "(problems, prompts per length, samples, windows), LENGTH = a context length in tokens; "
-                         f"e.g. {EXAMPLE}. `tcal eval --tasks list` lists every task")
-    allow_code_execution: bool = arg(False, CODE_EXECUTION_HELP)
-    haystack: str = arg("sotu:eval", "retrieval tasks: real text the needles hide in (used for nothing else)")
-    problems: str = arg("", "humaneval: a JSON-lines file (.jsonl or .jsonl.gz) in HumanEval's format (task_id, "
-                            "prompt, entry_point, test) instead of HumanEval's 164 problems")
-    prompt_style: str = arg("auto", "humaneval: chat (an instruct model's chat template, EvalPlus's framing), "
-                                    "completion (the bare prompt, for base models) or auto (chat where the "
-                                    "tokenizer has a chat template)", choices=PROMPT_STYLES)
-    timeout: float = arg(10.0, "humaneval: seconds each program may run")
-    memory_mb: int = arg(1024, "humaneval: memory (address space) each program may use, in MB")
-    sandbox: str = arg("auto", "humaneval: auto (each program in kernel namespaces of its own where the kernel allows "
-                               "them, else with process guards only) or strict (refuse to run without the "
-                               "namespaces)", choices=SANDBOX_MODES)
-
-    def task_options(self, **command: object) -> TaskOptions:
-        """These flags, and the ``command``'s own settings tasks read, as :class:`TaskOptions`."""
-        mine = {f.name: getattr(self, f.name) for f in dataclasses.fields(TaskArgs)
-                if f.name in {o.name for o in dataclasses.fields(TaskOptions)}}
-        return TaskOptions(**{**mine, **command})
-
-
-# the flags of TaskArgs that only tasks read (what a command hands them): refused where no task of a run reads them
-TASK_FLAGS = tuple(f.name for f in dataclasses.fields(TaskArgs) if f.name != "tasks")
+TASKS_HELP = ("tasks to score, comma-separated: NAME[:N][@LENGTH,...], N = how many of its items (problems, prompts "
+              f"per length, samples, windows), LENGTH = a context length in tokens; e.g. {EXAMPLE}. `tcal eval "
+              "--tasks list` lists every task")
 
 
 def deprecated(flags: Sequence[str], specs: Sequence[TaskSpec]) -> None:
@@ -197,16 +173,21 @@ class Task:
     title: ClassVar[str] = ""  # how messages and reports name it (default: name)
     counts: ClassVar[str] = ""  # what :N counts ("problems", "prompts per length"); "" = it takes no :N
     takes_lengths: ClassVar[bool] = False  # whether it takes @LENGTH
-    options: ClassVar[tuple[str, ...]] = ()  # the TaskOptions fields (flags) it reads
+    # the flags it reads: an Option declares a flag of its own (the command line builds it from the declaration), a
+    # name one of the command's SETTINGS (model, data, dtype, device, progress)
+    options: ClassVar[tuple[str | Option, ...]] = ()
     runs_code: ClassVar[bool] = False  # runs what a model wrote: only behind --allow-code-execution
     curve: ClassVar[bool] = True  # scores a model at a training curve point or an ablation row
     text: ClassVar[bool] = True  # reads and writes text: needs the model's tokenizer
     needs_teacher: ClassVar[bool] = False  # compares the model with its teacher (the commands that have one)
+    # its one column picks a distillation's best checkpoint (OUT/best): the point of the lowest score. Only a task
+    # on held-out data may: an evaluation's own problems must not choose the model they then score.
+    picks_best: ClassVar[bool] = False
     prints: ClassVar[bool] = False  # tcal eval prints its report, and writes it only where --out is given
 
     def __init__(self, specs: Sequence[TaskSpec], options: TaskOptions):
         self.specs = list(specs)
-        self.opts = options
+        self.opts = options  # tcal.evaluate.tasks.options
         for s in self.specs:
             if s.count is not None and not self.counts:
                 raise TcalError(f"{self.name} takes no count: drop :{s.count} from {s}")
@@ -217,6 +198,23 @@ class Task:
     @classmethod
     def accepts(cls, name: str) -> bool:
         return name == cls.name or name in cls.aliases
+
+    @classmethod
+    def flags(cls) -> tuple[Option, ...]:
+        """The flags it declares."""
+        return tuple(o for o in cls.options if isinstance(o, Option))
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """Every flag and setting it reads, by config field (``allow_code_execution`` where it runs code)."""
+        names = tuple(o.name if isinstance(o, Option) else o for o in cls.options)
+        return (*names, "allow_code_execution") if cls.runs_code else names
+
+    @classmethod
+    def implied(cls, opts: TaskOptions) -> bool:
+        """Whether a command with a teacher scores it without being asked (``answer_kl`` where ``--data`` holds
+        development tasks); read only for tasks that need a teacher."""
+        return False
 
     @property
     def label(self) -> str:
@@ -231,7 +229,7 @@ class Task:
     @property
     def reads(self) -> tuple[str, ...]:
         """The flags this run of the task reads: its options, and the model (MODEL, its dtype and device)."""
-        return (*self.options, "model", "dtype", "device")
+        return (*self.option_names(), "model", "dtype", "device")
 
     @property
     def uses_model(self) -> bool:

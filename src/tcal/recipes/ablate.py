@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 from tcal.conversion.policy import KEEP_HELP
-from tcal.evaluate.task import TaskArgs
+from tcal.evaluate.assemble import ADDS, SIZES, Command, OldFlag
+from tcal.evaluate.tasks import task_args
 from tcal.taylor.budget import CalibArgs
 from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 
@@ -37,7 +38,7 @@ def default_eval_windows(device: str, vocab_size: int) -> int:
 
 
 @dataclass
-class AblateConfig(TaskArgs, TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
+class AblateConfig(task_args(eval_only=False), TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, sized for a default "
@@ -51,7 +52,7 @@ class AblateConfig(TaskArgs, TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceAr
                                          "protocol; default 8, and 3 on CPU for a vocabulary over 128K tokens, such "
                                          "as Gemma 3's, whose LM head makes each window dearer: both sized for a "
                                          "default run of about 15 minutes on 2 CPU cores, docs/results.md)")
-    # the old spellings of --tasks, each mapped onto it (ablate_tasks)
+    # the old spellings of --tasks, each mapped onto it (OLD_FLAGS)
     humaneval: bool = arg(False, "deprecated, use --tasks humaneval: HumanEval pass@1 of the teacher and each init")
     humaneval_limit: int | None = arg(None, "deprecated, use --tasks humaneval:N: the first N problems only")
     out: str = arg("runs/ablate", "output directory (written atomically)")
@@ -59,67 +60,46 @@ class AblateConfig(TaskArgs, TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceAr
     progress: bool = arg(True, "progress bars")
 
 
+# the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold)
+OLD_FLAGS = (OldFlag("humaneval", ADDS, "humaneval"), OldFlag("humaneval_limit", SIZES, "humaneval", "count"))
+ABLATE = Command("tcal ablate", teacher=True, old=OLD_FLAGS)
+
+
 def _check(cfg: AblateConfig):
-    """Every argument, before the teacher loads: (output directory, init names)."""
+    """Every argument, before the teacher loads: (output directory, init names, the tasks that score the teacher and
+    every init; their inputs read)."""
     from tcal.conversion.inits import init_readers, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.conversion.surgery import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.data.tokens import mixture_parts
-    from tcal.evaluate import tasks as T
-    from tcal.evaluate.task import TASK_FLAGS
-    from tcal.train.options import run_words
+    from tcal.evaluate.assemble import assemble, held_out, readers, run_words
     from tcal.utils.atomic import check_out
     from tcal.utils.flags import as_given, refuse_unread
     from tcal.utils.runtime import resolve_device
 
     given = as_given(cfg)
-    tasks = ablate_tasks(cfg)
+    tasks = assemble(cfg, ABLATE, progress=cfg.progress)
     resolve_teacher_args(cfg, every_eval=True)
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     recall = cfg.recall_on(resolve_device(cfg.device))
     refuse_unread(given, [*init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
-                          *T.readers(tasks, TASK_FLAGS)], run_words(f"tcal ablate --inits {','.join(inits)}", tasks))
+                          *readers(tasks, cfg, ABLATE)],
+                  run_words(ABLATE, tasks, f"tcal ablate --inits {','.join(inits)}"))
     parse_policy(parse_keep(cfg.keep), num_layers=None)
     cfg.check_calib()
     cfg.check_eval()
     check_disjoint(cfg.calib, cfg.eval, role="calibration")
-    for spec in mixture_parts(cfg.calib) + cfg.eval_list():
+    for spec in mixture_parts(cfg.calib):
         as_corpus(spec)
+    held_out(cfg.eval_list(), cfg.eval_window, 1).check()
     for t in tasks:
         t.check()  # HumanEval's problems fetched and checked before the teacher loads
     check_no_eval_text(cfg.calib, cfg.eval_list() + [t for task in tasks for t in task.texts()],
                        role="calibration data")
     return out, inits, tasks
-
-
-def ablate_tasks(cfg: AblateConfig) -> list:
-    """The tasks that score the teacher and every init (``--tasks``, and ``--humaneval``/``--humaneval-limit`` mapped
-    onto it), behind the one code-execution gate; their inputs are read by :meth:`Task.check`."""
-    from tcal.evaluate import tasks as T
-    from tcal.evaluate.task import TaskSpec, deprecated, join_tasks, parse_tasks
-    from tcal.utils.errors import TcalError
-    from tcal.utils.flags import unread_error
-
-    specs, used = parse_tasks(cfg.tasks), []
-    if cfg.humaneval:
-        used.append("--humaneval")
-        specs.append(TaskSpec("humaneval"))
-    if cfg.humaneval_limit is not None:
-        used.append("--humaneval-limit")
-        if cfg.humaneval_limit < 1:
-            raise TcalError(f"--humaneval-limit must be at least 1, got {cfg.humaneval_limit}")
-        if not any(s.name == "humaneval" for s in specs):
-            run = f"tcal ablate scoring {join_tasks(specs)}" if specs else "tcal ablate with no task"
-            raise unread_error("--humaneval-limit", "humaneval", run)
-        specs = [TaskSpec(s.name, cfg.humaneval_limit) if s.name == "humaneval" and s.count is None else s
-                 for s in specs]
-    deprecated(used, specs)
-    built = T.build(specs, cfg.task_options(progress=cfg.progress), where="tcal ablate", curve=True)
-    T.check_code_execution(built, cfg.allow_code_execution)
-    return built
 
 
 def run(cfg: AblateConfig) -> dict:
@@ -128,8 +108,7 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.conversion.policy import parse_keep
     from tcal.conversion.select import SelectionConfig, select_layers
     from tcal.data.teachers import load_teacher
-    from tcal.data.tokens import token_windows
-    from tcal.evaluate import perplexity_report
+    from tcal.evaluate.assemble import held_out
     from tcal.report.plots import plot_ablation
     from tcal.taylor.pipeline import prepare
     from tcal.utils.atomic import atomic_dir, write_json, written_files
@@ -155,12 +134,10 @@ def run(cfg: AblateConfig) -> dict:
     domains = cfg.eval_list()
     n_eval = (default_eval_windows(device, teacher.config.vocab_size) if cfg.eval_windows is None
               else cfg.eval_windows)
-    eval_ids = {d: token_windows(d, tok, window=cfg.eval_window, n_windows=n_eval) for d in domains}
-
-    def ppl(model) -> dict:
-        by = {d: perplexity_report(model, tok, ids, progress=cfg.progress) for d, ids in eval_ids.items()}
-        return {"ppl": by[domains[0]]["ppl"], "ppl_by_domain": {d: r["ppl"] for d, r in by.items()},
-                "seconds": sum(r["seconds"] for r in by.values())}
+    ppl = held_out(domains, cfg.eval_window, n_eval, progress=cfg.progress)
+    ppl.prepare(teacher, tok)
+    for d in domains:
+        ppl.windows(d)  # every domain cut before any model is scored
 
     for t in tasks:
         t.prepare(teacher, tok, teacher=teacher)
@@ -170,7 +147,7 @@ def run(cfg: AblateConfig) -> dict:
         records = {t.name: t.measure(model) for t in tasks}
         return {"records": records, "scores": {c: v for t in tasks for c, v in t.values(records[t.name]).items()}}
 
-    teacher_eval = ppl(teacher)
+    teacher_eval = ppl.measure(teacher)
     teacher_tasks = scores(teacher)
     log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], n_eval, cfg.eval_window)
     calibration, stats_s, kl_data = None, 0.0, None
@@ -197,7 +174,7 @@ def run(cfg: AblateConfig) -> dict:
         t0 = time.perf_counter()
         conv = convert_with_record(teacher, keep, init, seed=cfg.seed, share_weights=True, **options)
         convert_s = time.perf_counter() - t0
-        res = ppl(conv.hybrid)
+        res = ppl.measure(conv.hybrid)
         task_res = scores(conv.hybrid)
         detail = conv.record.get("detail", {})
         rows.append({

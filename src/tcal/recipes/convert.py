@@ -54,7 +54,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.data.teacher_table import default_convert_keep
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
-    from tcal.evaluate import perplexity_report
+    from tcal.evaluate.assemble import held_out
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.flags import Reader, as_given, refuse_unread
     from tcal.utils.runtime import peak_memory, resolve_dtype
@@ -89,9 +89,11 @@ def _run(cfg: ConvertConfig, world) -> Path:
     if evaluate:
         cfg.check_eval()
         check_disjoint(cfg.calib, cfg.eval, role="calibration")
-        eval_corpora = {d: as_corpus(d) for d in cfg.eval_list()}  # read once for both models
+        ppl = held_out(cfg.eval_list(), cfg.eval_window, cfg.eval_windows, progress=cfg.progress)
+        ppl.check()  # each domain read once, for both models
     if reads_calib:  # these read the calibration text
-        check_no_eval_text(cfg.calib, list(eval_corpora.values()) if evaluate else (), role="calibration data")
+        check_no_eval_text(cfg.calib, [d if c is None else c for d, c in ppl.corpora.items()] if evaluate else (),
+                           role="calibration data")
     device, dtype = world.device, resolve_dtype(cfg.dtype)
     budget = cfg.budget(device)
     t0 = time.perf_counter()
@@ -120,12 +122,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
                   **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
                   **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
     if evaluate:
-        report["eval"] = {
-            name: {d: perplexity_report(model, tokenizer, corpus, window=cfg.eval_window, windows=cfg.eval_windows,
-                                        progress=cfg.progress)
-                   for d, corpus in eval_corpora.items()}
-            for name, model in (("teacher", teacher), ("hybrid", hybrid))
-        }
+        report["eval"] = {name: ppl.reports(model, tokenizer) for name, model in (("teacher", teacher),
+                                                                                  ("hybrid", hybrid))}
         peaks["after_eval"] = peak_memory(torch.device(device))
     report["peak_memory"] = {"kind": peaks["after_load"]["kind"],
                              **{k: round(v["bytes"] / 2**30, 3) if v["bytes"] else None for k, v in peaks.items()},

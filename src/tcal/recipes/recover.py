@@ -21,16 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcal.recipes.distill import (
-    DistillConfig,
-    check_training_data,
-    curve_probes,
-    finish_run,
-    start_partial,
-    training_streams,
-)
 from tcal.taylor.budget import CalibArgs
-from tcal.train.options import SCHEDULES, TrainOptions
+from tcal.train.options import SCHEDULES, DistillConfig, TrainOptions
 from tcal.utils.command_config import GDNArgs, OutArgs, TeacherArgs, arg
 
 # Settings a resumed recovery may change. Unlike distill, a change of --compile is refused here too.
@@ -74,8 +66,10 @@ def _start(cfg: RecoverConfig, world, tasks, given):
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
+    from tcal.evaluate.assemble import run_words
     from tcal.train import distributed as D
-    from tcal.train.options import run_words
+    from tcal.train.data import check_training_data
+    from tcal.train.options import CURVE
     from tcal.utils.atomic import check_out
     from tcal.utils.errors import TcalError
     from tcal.utils.flags import refuse_unread
@@ -100,7 +94,7 @@ def _start(cfg: RecoverConfig, world, tasks, given):
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
     recall = cfg.recall_on(world.device)
     refuse_unread(given, init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
-                  run_words(f"tcal recover --inits {','.join(inits)}", tasks))
+                  run_words(CURVE, tasks, f"tcal recover --inits {','.join(inits)}"))
     if any(get_init(i).calibrated for i in inits):
         cfg.check_calib()
     check_training_data(cfg, [text for t in tasks for text in t.texts()])  # a pool or an instruct set: token ids
@@ -155,14 +149,13 @@ def has_progress(work: Path) -> bool:
     return any(d.is_dir() and (has_checkpoint(d) or finished_report(d) is not None) for d in work.iterdir())
 
 
-def _teacher_ppl(cfg: RecoverConfig, work, teacher, eval_ids) -> float:
-    """The teacher's PPL once, with the same protocol as every curve point (kept across resumes)."""
-    from tcal.evaluate import window_ppl
-
+def _teacher_ppl(cfg: RecoverConfig, work, teacher, held_out) -> float:
+    """The teacher's PPL once, with the same protocol as every curve point (``held_out``: the ppl task of --eval;
+    kept across resumes)."""
     tfile = work.path / "teacher_ppl.json"
     if tfile.is_file():
         return json.loads(tfile.read_text())["ppl"]
-    ppl = window_ppl(teacher, eval_ids, batch_size=4, progress=cfg.progress, desc="teacher PPL")
+    ppl = held_out.score(teacher, progress=cfg.progress)
     work.write_json("teacher_ppl.json", {"ppl": ppl, "eval": cfg.eval, "window": cfg.eval_window,
                                          "windows": cfg.eval_windows})
     return ppl
@@ -245,10 +238,20 @@ def run(cfg: RecoverConfig, *, callback=None) -> dict:
 def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     import torch
 
-    from tcal.data.streams import eval_windows_for
     from tcal.data.tokens import window_prefix
+    from tcal.evaluate.assemble import held_out
+    from tcal.report.distill_report import run_files
     from tcal.train import distributed as D
-    from tcal.train.checkpoint import finished_report, has_checkpoint, load_model_and_tokenizer, partial_dir
+    from tcal.train.checkpoint import (
+        finished_report,
+        has_checkpoint,
+        load_model_and_tokenizer,
+        partial_dir,
+        publish_run,
+        start_partial,
+    )
+    from tcal.train.data import training_streams
+    from tcal.train.probes import best_column, curve_probes
     from tcal.train.trainer import distill
     from tcal.utils.runtime import resolve_dtype
 
@@ -259,10 +262,12 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     load_s = time.time() - t0
     train_tokens, train_mask, mix_tokens, data_info = training_streams(cfg, tokenizer)
-    eval_ids, _ = eval_windows_for(cfg.eval, tokenizer, cfg.eval_window, cfg.eval_windows)
+    ppl = held_out([cfg.eval], cfg.eval_window, cfg.eval_windows)  # --eval: every curve's eval_ppl
+    ppl.prepare(teacher, tokenizer)
+    eval_ids = ppl.windows()
     probes = curve_probes(tasks, tokenizer, teacher)  # the same prompts for every init
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
-    teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, eval_ids))
+    teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, ppl))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
     reports, init_info = {}, {}
     # --max-minutes bounds this whole call (conversions included); each run gets what is left.
@@ -295,16 +300,17 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
                                   teacher_probes=next((r["teacher_probes"] for r in reports.values()
                                                        if r.get("teacher_probes")), None),
                                   settings=dataclasses.asdict(dcfg), callback=callback, world=world,
-                                  probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens)
+                                  probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens,
+                                  best_by=best_column(tasks))
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
         if report["status"] != "done":
             say(f"tcal recover: paused in run {init}; rerun with --resume to continue ({work.path})",
                 file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work.path)}
 
-        def publish_run(student=student, partial=partial):
-            finish_run(run_dir, report, student, tokenizer, dcfg, title=f"distill {run_dir.name}", tasks=tasks,
-                       work=partial)
+        def publish(student=student, partial=partial):
+            publish_run(run_dir, student, tokenizer, run_files(report, dcfg, title=f"distill {run_dir.name}",
+                                                               tasks=tasks), best=bool(report.get("best")), work=partial)
             work.adopt(init)
             converted = f"{init}.converted"
             if cfg.keep_init and (work.path / converted).is_dir():
@@ -315,7 +321,7 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
             else:
                 work.remove(converted)  # the run's output holds the trained weights
 
-        D.on_main(world, publish_run)
+        D.on_main(world, publish)
         del student
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -357,7 +363,8 @@ def _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, 
     best = {init: reports[init].get("best") for init in inits if reports[init].get("best")}
     if best:
         summary["best"] = best
-        md += ("\nBest checkpoint per run (lowest answer KL on the instruct set's development tasks; OUT/<init>/best): "
+        picked = next((t.heading(c) for t in tasks if t.picks_best for c in t.columns()), "score")
+        md += (f"\nBest checkpoint per run (the lowest {picked}; OUT/<init>/best): "
                + "; ".join(f"{i} at {b['tokens']:,} tokens" for i, b in best.items()) + "\n")
     work.write_text("recovery.md", md)
     work.write_json("recovery.json", summary)

@@ -38,11 +38,13 @@ def _finish(fig: Figure, path, title: str = "", dpi: int = 110) -> str:
 
 
 def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, title: str = "",
-               teacher_probes: dict | None = None) -> str | None:
-    """Eval PPL (log scale) and train loss against training tokens, and the probe scores (``--eval-passkey``)
-    when the rows hold any, each with the teacher's as a dashed line; returns the path or None."""
-    # accuracies (passkey, pass@1) share a [0, 1] panel; the development answer KL goes beside the train loss
-    probes = [n for n in probe_fields(rows) if n != "answer_kl"]
+               teacher_probes: dict | None = None, best_by: tuple[str, str] | None = None) -> str | None:
+    """Eval PPL (log scale) and train loss against training tokens, and the probe scores (``--tasks``) when the rows
+    hold any, each with the teacher's as a dashed line; returns the path or None. ``best_by``: (column, label) of the
+    probe that picks the best checkpoint, a loss drawn beside the training loss."""
+    # accuracies (passkey, pass@1) share a [0, 1] panel; the best checkpoint's loss goes beside the train loss
+    best, best_label = best_by or (None, None)
+    probes = [n for n in probe_fields(rows) if n != best]
     fig = _figure((16 if probes else 11, 4))
     axes = fig.subplots(1, 3 if probes else 2)
     a, b = axes[0], axes[1]
@@ -61,9 +63,9 @@ def plot_curve(rows: list[dict], path, *, teacher_ppl: float | None = None, titl
     b.set_xlabel("training tokens")
     b.set_ylabel("train loss (mean since previous eval)")
     b.grid(True, alpha=0.3)
-    dev = [(r["tokens"], r["answer_kl"]) for r in rows if isinstance(r.get("answer_kl"), float)]
+    dev = [(r["tokens"], r[best]) for r in rows if best and isinstance(r.get(best), float)]
     if dev:
-        b.plot(*zip(*dev), "s--", ms=3, color="C3", label="development answer KL")
+        b.plot(*zip(*dev), "s--", ms=3, color="C3", label=best_label)
         b.legend(fontsize=8)
     if probes:
         c = axes[2]

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -88,3 +89,55 @@ def finished_report(out) -> dict | None:
     return None
 
 
+def start_partial(out, resume: bool, settings: dict | None = None, free=None):
+    """The run's unfinished work (:func:`tcal.utils.partial.open_work`): ``OUT.partial`` resumed where it holds a
+    checkpoint (with ``resume``, and the same ``settings`` but ``free`` ones), started over where it holds none,
+    refused where tcal did not write it."""
+    from tcal.train.options import RESUME_FREE, changed_settings
+    from tcal.utils.partial import open_work
+
+    free = RESUME_FREE if free is None else free
+    return open_work(out, "distill", settings=settings, resume=resume, progress=lambda w: has_checkpoint(out),
+                     changed=lambda saved, now: changed_settings(saved, now, free=free), legacy=legacy_run)
+
+
+@contextlib.contextmanager
+def removed_unless_resumable(out, work, enabled: bool = True):
+    """A run that fails before its first checkpoint leaves no partial directory behind: there is
+    nothing to resume, and it must not block the next run. ``enabled``: whether this process owns
+    the output (rank 0 under torchrun)."""
+    try:
+        yield
+    except BaseException:
+        if enabled and not has_checkpoint(out):
+            work.discard()
+        raise
+
+
+def publish_run(out, student, tokenizer, files: dict, *, best: bool = False, work=None) -> None:
+    """Write a finished run's directory ``out`` in one rename: the trained model and tokenizer, the checkpoint the
+    development answers picked (``best``: OUT/best, from the partial folder) and the command's ``files`` ({name:
+    text, a JSON-able dict, or a function that writes the file at a path}); then discard its unfinished work
+    (``work``: its :class:`~tcal.utils.partial.Work`)."""
+    from tcal.utils.atomic import atomic_dir, write_json
+    from tcal.utils.partial import Work
+
+    out = Path(out)
+    work = work if work is not None else Work(partial_dir(out), "distill")
+    with atomic_dir(out) as tmp:
+        save_model(student, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if best and (work.path / "best").is_dir():
+            (tmp / "best").mkdir()
+            work.take("best", tmp / "best")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / "best")
+        for name, content in files.items():
+            if callable(content):
+                content(tmp / name)
+            elif isinstance(content, str):
+                (tmp / name).write_text(content)
+            else:
+                write_json(tmp / name, content)
+    work.discard()

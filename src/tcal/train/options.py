@@ -1,13 +1,16 @@
-"""Distillation settings (plain data, no torch): shared by `tcal distill` and `tcal recover`."""
+"""Distillation settings (plain data, no torch): shared by `tcal distill` and `tcal recover`, and the tasks every
+curve point scores (:func:`curve_tasks`)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from tcal.evaluate.task import TASK_FLAGS, TaskArgs
-from tcal.utils.command_config import DeviceArgs, EvalArgs, arg
+from tcal.evaluate.assemble import ADDS, RENAMES, Command, OldFlag
+from tcal.evaluate.tasks import task_args
+from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
-from tcal.utils.flags import Reader, refuse_unread
+from tcal.utils.flags import Reader
 from tcal.utils.schedule import SCHEDULES
 
 TRAIN_SETS = ("gdn", "all")
@@ -23,7 +26,7 @@ TEACHER_PLACEMENTS = ("auto", "replicate", "shard")
 
 
 @dataclass
-class TrainOptions(TaskArgs, EvalArgs, DeviceArgs):
+class TrainOptions(task_args(eval_only=False), EvalArgs, DeviceArgs):
     """Distillation settings shared by ``tcal distill`` and ``tcal recover``; ``--tasks`` are scored at every curve
     point, beside the held-out PPL."""
 
@@ -54,7 +57,7 @@ class TrainOptions(TaskArgs, EvalArgs, DeviceArgs):
                                 "the full 64 because the curve evaluates many times)")
     eval_every: int = arg(1_000_000, "evaluate every N training tokens (and at 0 tokens and at the end)")
     eval_early: int = arg(4, "extra early evaluations at eval-every/2, /4, ... (this many)")
-    # the old spellings of --tasks, each mapped onto it (curve_tasks)
+    # the old spellings of --tasks, each mapped onto it (OLD_FLAGS)
     eval_passkey: str = arg("", "deprecated, use --tasks passkey@L1,L2: passkey retrieval at these context lengths at "
                                 "every curve point")
     eval_passkey_samples: int = arg(10, "deprecated, use --tasks passkey:N@L1,L2: passkey prompts per length")
@@ -78,6 +81,16 @@ class TrainOptions(TaskArgs, EvalArgs, DeviceArgs):
                                     "run stops (a hung or dead rank)")
 
 
+@dataclass
+class DistillConfig(TrainOptions, TeacherArgs, OutArgs):
+    """``tcal distill``'s settings (``tcal recover`` makes one per init)."""
+
+    hybrid: str = arg("runs/convert", "the hybrid to distill: a directory written by `tcal convert`")
+    data: str = arg("", "training tokens: a token pool directory (tcal pool), a .npy file or a corpus spec")
+    tokens: int = arg(1_000_000, "training-token budget (rounded up to whole steps)")
+    out: str = arg("runs/distill", "output directory (written atomically; progress in OUT.partial/)")
+
+
 # What a resumed run may change. How the work is spread over processes (the world size, the
 # teacher's placement) changes neither the data order nor the optimizer's state.
 RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", "device", "compile",
@@ -92,11 +105,6 @@ def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
 
 
-def run_words(where: str, tasks) -> str:
-    """How a flag's message names a run of a command that scores ``tasks``."""
-    return f"{where} " + (f"scoring {', '.join(t.run_name for t in tasks)}" if tasks else "with no task")
-
-
 def train_readers(cfg: TrainOptions) -> list[Reader]:
     """The training flags that only matter beside another (:mod:`tcal.utils.flags`)."""
     return [Reader("--mix-data", ("mix_frac",), bool(cfg.mix_data.strip())),
@@ -104,71 +112,31 @@ def train_readers(cfg: TrainOptions) -> list[Reader]:
             Reader("--schedule cosine", ("min_lr_ratio",), cfg.schedule == "cosine")]
 
 
-def curve_specs(cfg: TrainOptions) -> tuple[list, list[str], str]:
-    """(specs, the old flags used, the haystack): ``--tasks`` with ``--eval-passkey``, ``--eval-passkey-samples``,
-    ``--eval-humaneval`` and ``--eval-passkey-haystack`` mapped onto it (the passkey before HumanEval, as their columns
-    always came)."""
-    from tcal.evaluate.task import TaskSpec, parse_tasks
-
-    specs, used = parse_tasks(cfg.tasks), []
-    lengths = passkey_lengths(cfg)
-    if lengths:
-        used += ["--eval-passkey"] + (["--eval-passkey-samples"] if cfg.eval_passkey_samples != 10 else [])
-        specs.append(TaskSpec("passkey", cfg.eval_passkey_samples, tuple(lengths)))
-    if cfg.eval_humaneval:
-        used.append("--eval-humaneval")
-        specs.append(TaskSpec("humaneval", cfg.eval_humaneval))
-    haystack = cfg.haystack
-    if cfg.eval_passkey_haystack != "sotu:eval":
-        used.append("--eval-passkey-haystack")
-        if haystack not in ("sotu:eval", cfg.eval_passkey_haystack):
-            raise TcalError(f"--eval-passkey-haystack ({cfg.eval_passkey_haystack}) is the old name of --haystack "
-                            f"({haystack}): give the haystack once, as --haystack")
-        haystack = cfg.eval_passkey_haystack
-    return specs, used, haystack
+# the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold); the passkey before HumanEval, as
+# their columns always came
+OLD_FLAGS = (OldFlag("eval_passkey", ADDS, "passkey", "lengths", count_from="eval_passkey_samples"),
+             OldFlag("eval_humaneval", ADDS, "humaneval", "count"), OldFlag("eval_passkey_haystack", RENAMES, "haystack"))
+CURVE = Command("tcal distill", teacher=True, old=OLD_FLAGS)
 
 
 def curve_tasks(cfg: TrainOptions, where: str) -> list:
-    """The tasks every curve point scores (:mod:`tcal.evaluate.tasks`): ``--tasks`` and its old spellings, and
-    ``answer_kl`` wherever ``--data`` is an instruct set with development tasks (the best checkpoint's rule). Built,
-    behind the one code-execution gate, and checked, before any model loads."""
-    from tcal.evaluate import tasks as T
-    from tcal.evaluate.task import TaskSpec, deprecated
-    from tcal.evaluate.tasks.answer_kl import AnswerKL
+    """The tasks every curve point of ``where`` (tcal distill, tcal recover) scores (:mod:`tcal.evaluate.assemble`):
+    ``--tasks`` and its old spellings, and ``answer_kl`` wherever ``--data`` is an instruct set with development tasks
+    (the best checkpoint's rule). Built, behind the one code-execution gate, and checked, before any model loads."""
+    from tcal.evaluate.assemble import assemble, readers, run_words
+    from tcal.utils.flags import refuse_unread
 
-    specs, used, haystack = curve_specs(cfg)
-    deprecated(used, specs)
-    if not any(AnswerKL.accepts(s.name) for s in specs) and AnswerKL.available(cfg.data):
-        specs.append(TaskSpec(AnswerKL.name))
-    built = T.build(specs, cfg.task_options(data=str(cfg.data), haystack=haystack), where=where, curve=True)
-    refuse_unread(cfg, [*train_readers(cfg), *T.readers(built, TASK_FLAGS, teacher=True)], run_words(where, built))
-    T.check_code_execution(built, cfg.allow_code_execution)
+    command = dataclasses.replace(CURVE, name=where)
+    built = assemble(cfg, command, data=str(cfg.data))
+    refuse_unread(cfg, [*train_readers(cfg), *readers(built, cfg, command)], run_words(command, built))
     for t in built:
         t.check()
     return built
 
 
-def passkey_lengths(cfg: TrainOptions) -> list[int]:
-    """``--eval-passkey`` as context lengths (empty: off)."""
-    spec = cfg.eval_passkey.strip()
-    if not spec:
-        return []
-    try:
-        lengths = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise TcalError(f"--eval-passkey takes context lengths like 1024,4096, got {cfg.eval_passkey!r}") from None
-    if not lengths or min(lengths) < 16:
-        raise TcalError(f"--eval-passkey lengths must be at least 16 tokens, got {cfg.eval_passkey!r}")
-    if cfg.eval_passkey_samples < 1:
-        raise TcalError(f"--eval-passkey-samples must be at least 1, got {cfg.eval_passkey_samples}")
-    return lengths
-
-
 def check_train_options(cfg: TrainOptions, tokens: int) -> None:
     if tokens < 1:
         raise TcalError(f"--tokens must be positive, got {tokens}")
-    if cfg.eval_humaneval < 0:
-        raise TcalError(f"--eval-humaneval must be a number of problems (0 = off), got {cfg.eval_humaneval}")
     if cfg.seq_len < 2:
         raise TcalError(f"--seq-len must be at least 2, got {cfg.seq_len}")
     if cfg.batch_size < 1:
@@ -202,7 +170,6 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
         raise TcalError(f"--eval-early must be >= 0, got {cfg.eval_early}")
     if cfg.eval_windows < 1 or cfg.eval_window < 2:
         raise TcalError("--eval-windows must be >= 1 and --eval-window >= 2")
-    passkey_lengths(cfg)
     if cfg.schedule not in SCHEDULES:
         raise TcalError(f"unknown --schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if cfg.train not in TRAIN_SETS:

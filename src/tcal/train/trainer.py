@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 from tcal import ops
 from tcal.evaluate import window_ppl
-from tcal.evaluate.tasks.answer_kl import AnswerKL
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
@@ -39,10 +38,6 @@ from tcal.utils.schedule import Schedule, crossed, warmup_steps
 log = logging.getLogger(__name__)
 
 ADAM_BETAS = (0.9, 0.95)
-# The curve probe that picks a run's best checkpoint, where the data has one (an instruct set's development answers:
-# the answer_kl task, tcal.evaluate.tasks.answer_kl): lower is better. Pass@1 moves by whole problems between points
-# and the problems are the evaluation's, so the rule never reads it.
-BEST_BY = AnswerKL.name
 # 2: the optimizer state is keyed by parameter name (FQN), full, so any world size reads it;
 # 1: ``optimizer.state_dict()`` (keyed by index), still read by single-process runs
 STATE_VERSION = 2
@@ -96,7 +91,8 @@ class Trainer:
     def __init__(self, student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray,
                  eval_ids: torch.Tensor, settings: dict | None = None, world: D.World | None = None,
                  probes: Mapping[str, Callable[[nn.Module], float]] | None = None, prefix: tuple[int, ...] = (),
-                 train_mask: np.ndarray | None = None, mix_tokens: np.ndarray | None = None):
+                 train_mask: np.ndarray | None = None, mix_tokens: np.ndarray | None = None,
+                 best_by: str | None = None):
         check_train_options(cfg, tokens)
         self.cfg = cfg
         self.prefix = tuple(int(t) for t in prefix)  # starts every training window (tcal.train.sampler)
@@ -143,6 +139,9 @@ class Trainer:
         # scores beside the PPL at every curve point, one per column (single@4096, humaneval, answer_kl: the --tasks
         # of tcal.train.options.curve_tasks)
         self.probes = dict(probes or {})
+        # the probe whose lowest score picks the run's best checkpoint (a task's picks_best: held-out development
+        # answers, never an evaluation's own problems); None: no best checkpoint
+        self.best_by = best_by if best_by in self.probes else None
         if self.probes and self.world.distributed:
             raise TcalError("curve tasks (--tasks) run in one process; under torchrun score the finished model with "
                             "`tcal eval MODEL --tasks ...`")
@@ -186,7 +185,7 @@ class Trainer:
         self.elapsed_before, self.train_s, self.segments = 0.0, 0.0, 1
         self.teacher_ppl: float | None = None
         self.teacher_probes: dict[str, float] | None = None
-        self.best: dict | None = None  # the curve point of lowest BEST_BY so far, its weights in PARTIAL/best
+        self.best: dict | None = None  # the curve point of lowest best_by so far, its weights in PARTIAL/best
         self._t_start = time.time()
 
     def _check_vocab(self) -> None:
@@ -279,11 +278,12 @@ class Trainer:
         return row
 
     def keep_best(self, row: dict, partial: Work) -> None:
-        """Save the student as ``partial/best`` when ``row`` (a curve point) has the lowest :data:`BEST_BY` so far."""
-        value = row.get(BEST_BY)
-        if value is None or not math.isfinite(value) or (self.best is not None and value >= self.best[BEST_BY]):
+        """Save the student as ``partial/best`` when ``row`` (a curve point) has the lowest ``best_by`` so far."""
+        key = self.best_by
+        value = row.get(key) if key else None
+        if value is None or not math.isfinite(value) or (self.best is not None and value >= self.best[key]):
             return
-        self.best = {"tokens": row["tokens"], "step": row["step"], BEST_BY: value}
+        self.best = {"tokens": row["tokens"], "step": row["step"], key: value}
         if self.main:
             with partial.dir("best") as tmp:
                 save_model(self.student, tmp)
@@ -447,7 +447,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
             callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
             probes: Mapping[str, Callable[[nn.Module], float]] | None = None,
             prefix: tuple[int, ...] = (), train_mask: np.ndarray | None = None,
-            mix_tokens: np.ndarray | None = None) -> tuple[dict, object]:
+            mix_tokens: np.ndarray | None = None, best_by: str | None = None) -> tuple[dict, object]:
     """Run (or resume, from ``partial``'s checkpoint) a distillation; returns (report, trained student).
 
     ``student`` may be None when ``partial`` holds a checkpoint (it is loaded from it). A fresh run
@@ -457,7 +457,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
     student back (as one unsharded CPU model; the other ranks get None). ``prefix``: the tokens every training
     window starts with (the tokenizer's BOS, tcal.data.tokens.window_prefix); it joins the settings, so a resumed
     run must pass the same. ``partial``: the run's :class:`~tcal.utils.partial.Work` (a bare path: a fresh one
-    there).
+    there). ``best_by``: the probe whose lowest score picks the best checkpoint (``partial/best``).
     """
     if not isinstance(partial, Work):
         partial = Work(partial, "distill", settings)
@@ -482,7 +482,7 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
         partial.ensure()
     trainer = Trainer(student, teacher, cfg, tokens=tokens, train_tokens=train_tokens, eval_ids=eval_ids,
                       settings=settings, world=world, probes=probes, prefix=prefix, train_mask=train_mask,
-                      mix_tokens=mix_tokens)
+                      mix_tokens=mix_tokens, best_by=best_by)
     trainer.teacher_ppl = teacher_ppl
     trainer.teacher_probes = teacher_probes  # the same prompts score the teacher once for several runs (recover)
     if resume_state is not None:

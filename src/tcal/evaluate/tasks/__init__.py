@@ -1,24 +1,39 @@
-"""The evaluation tasks: one module per kind of task, each holding its :class:`~tcal.evaluate.task.Task` subclass as
-``TASK``; the package finds them when it is imported, and :func:`register` adds one from anywhere else. Every
-command that evaluates builds its tasks here::
+"""The evaluation tasks: one module (or package, its library beside it) per kind of task, each holding its
+:class:`~tcal.evaluate.task.Task` subclass as ``TASK``; the package finds them when it is imported, and
+:func:`register` adds one from anywhere else. The tasks' flags are theirs too: each task declares the flags it reads
+(:class:`~tcal.evaluate.task.Option`), and :func:`task_args` makes them the flags of every command that evaluates.
+A command turns its flags into its tasks in one call (:func:`tcal.evaluate.assemble.assemble`); underneath::
 
     from tcal.evaluate import tasks
-    built = tasks.build(parse_tasks("humaneval:20,single@1024"), options)   # one Task per kind, in order
-    tasks.check_code_execution(built, cfg.allow_code_execution)              # the one gate
+    built = tasks.build(parse_tasks("humaneval:20,single@1024"), tasks.options(cfg))  # one Task per kind, in order
+    tasks.check_code_execution(built, cfg.allow_code_execution)                      # the one gate
 
 Torch-free: the task modules import what they score with inside their methods.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Sequence
 
-from tcal.evaluate.task import EXAMPLE, Task, TaskOptions, TaskSpec, check_code_execution
+from tcal.evaluate.task import (
+    CODE_EXECUTION_HELP,
+    EXAMPLE,
+    SETTINGS,
+    TASKS_HELP,
+    Option,
+    Task,
+    TaskOptions,
+    TaskSpec,
+    check_code_execution,
+)
+from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError
 from tcal.utils.flags import Reader
 
-__all__ = ["TASKS", "Task", "build", "check_code_execution", "find", "listing", "names", "readers", "register"]
+__all__ = ["TASKS", "Task", "build", "check_code_execution", "find", "flags", "listing", "names", "options", "readers",
+           "register", "task_args"]
 
 
 def _discover() -> dict[str, type[Task]]:
@@ -31,18 +46,51 @@ def _discover() -> dict[str, type[Task]]:
 
 
 # name -> Task class
-TASKS: dict[str, type[Task]] = _discover()
+TASKS: dict[str, type[Task]] = {}
+# the commands' flag sets made so far ({eval_only: dataclass}); a task registered later may declare no new flag
+_ARGS: dict[bool, type] = {}
+
+
+def _check_options(task: type[Task], known: dict[str, Option]) -> None:
+    """Every option of ``task`` is a flag it declares or one of the command's settings, and a flag it shares with
+    another task has the same default, type, choices and scope."""
+    for o in task.options:
+        if isinstance(o, Option):
+            if o.name in SETTINGS or o.name in ("tasks", "allow_code_execution"):
+                raise TcalError(f"task {task.name} declares --{o.name.replace('_', '-')}, which is a command setting; "
+                                f"name it in options as {o.name!r}")
+            other = known.get(o.name)
+            if other is not None and (other.default, other.type, other.choices, other.eval_only) != (
+                    o.default, o.type, o.choices, o.eval_only):
+                raise TcalError(f"task {task.name} declares --{o.name.replace('_', '-')} unlike the tasks that "
+                                "declare it already (default, type, choices or scope): declare it as they do")
+        elif o not in SETTINGS:
+            raise TcalError(f"task {task.name} reads {o!r}, which is no command setting ({', '.join(SETTINGS)}): "
+                            "declare it as an Option")
 
 
 def register(task: type[Task]) -> type[Task]:
-    """Add a task kind (a :class:`Task` subclass) under its name; a name or alias is registered once."""
+    """Add a task kind (a :class:`Task` subclass) under its name; a name or alias is registered once. A task that
+    declares a flag no registered task has registers before the commands are imported (their flags are made once,
+    from the tasks registered then)."""
     if not (isinstance(task, type) and issubclass(task, Task) and task.name):
         raise TcalError(f"{task!r} is not a Task subclass with a name")
     taken = [n for n in (task.name, *task.aliases) for t in TASKS.values() if t is not task and t.accepts(n)]
     if taken:
         raise TcalError(f"task name {taken[0]!r} is taken; register {task.__name__} under another name")
+    _check_options(task, {o.name: o for t in TASKS.values() if t is not task for o in t.flags()})
+    new = [o.name for every, cls in _ARGS.items() for o in task.flags()
+           if (every or (task.curve and not o.eval_only)) and o.name not in {f.name for f in dataclasses.fields(cls)}]
+    if new:
+        raise TcalError(f"task {task.name} declares --{new[0].replace('_', '-')}, and the commands' flags were made "
+                        f"before it was registered: register {task.__name__} before importing tcal's commands, or "
+                        "put its module in tcal/evaluate/tasks/")
     TASKS[task.name] = task
     return task
+
+
+for _task in _discover().values():
+    register(_task)
 
 
 def find(name: str) -> type[Task] | None:
@@ -52,6 +100,51 @@ def find(name: str) -> type[Task] | None:
 def names() -> str:
     """Every task name, for messages and --help."""
     return ", ".join(TASKS)
+
+
+def flags(eval_only: bool) -> dict[str, Option]:
+    """The task flags of ``tcal eval`` (``eval_only``: every task's) or of the commands that score curve points and
+    ablation rows (the curve tasks' flags but those only tcal eval takes), by name, each with the help of every task
+    that declares it."""
+    found: dict[str, list[tuple[str, Option]]] = {}
+    for t in TASKS.values():
+        if not (eval_only or t.curve):
+            continue
+        for o in t.flags():
+            if eval_only or not o.eval_only:
+                found.setdefault(o.name, []).append((t.name, o))
+    return {name: dataclasses.replace(decl[0][1], help="; ".join(f"{t}: {o.help}" for t, o in decl))
+            for name, decl in found.items()}
+
+
+def task_args(eval_only: bool) -> type:
+    """The task flags of a command as a dataclass its config derives from: ``--tasks``, ``--allow-code-execution`` and
+    every task's flags (:func:`flags`), made once from the tasks registered then."""
+    if eval_only not in _ARGS:
+        fields = [("tasks", str, arg("", TASKS_HELP)), ("allow_code_execution", bool, arg(False, CODE_EXECUTION_HELP))]
+        for o in flags(eval_only).values():
+            kind = o.type if o.default is not None else o.type | None
+            fields.append((o.name, kind, arg(o.default, o.help, **({"choices": o.choices} if o.choices else {}))))
+        _ARGS[eval_only] = dataclasses.make_dataclass("EvalTaskArgs" if eval_only else "TaskArgs", fields)
+    return _ARGS[eval_only]
+
+
+def task_flags(cfg) -> tuple[str, ...]:
+    """The task flags of ``cfg``'s command (its task_args fields but ``--tasks``)."""
+    mine = next((cls for cls in _ARGS.values() if isinstance(cfg, cls)), None)
+    return tuple(f.name for f in dataclasses.fields(mine) if f.name != "tasks") if mine else ()
+
+
+def options(cfg=None, **settings) -> TaskOptions:
+    """What tasks read: the defaults of every task flag and setting, the values of ``cfg``'s task flags, then the
+    command's ``settings`` (:data:`~tcal.evaluate.task.SETTINGS`)."""
+    values = {**SETTINGS, **{o.name: o.default for t in TASKS.values() for o in t.flags()}}
+    if cfg is not None:
+        values.update({name: getattr(cfg, name) for name in task_flags(cfg)})
+    unknown = set(settings) - set(values)
+    if unknown:
+        raise TcalError(f"no task reads {', '.join(sorted(unknown))}")
+    return TaskOptions(**{**values, **settings})
 
 
 def build(specs: Sequence[TaskSpec], options: TaskOptions, *, flag: str = "--tasks",
@@ -84,7 +177,7 @@ def readers(built: Sequence[Task], fields, teacher: bool = False) -> list[Reader
     one, so the tasks that compare with it count too."""
     fields = set(fields)
     out = [Reader(t.run_name, tuple(f for f in t.reads if f in fields), True) for t in built]
-    return out + [Reader(k.name, tuple(f for f in k.options if f in fields), False) for k in TASKS.values()
+    return out + [Reader(k.name, tuple(f for f in k.option_names() if f in fields), False) for k in TASKS.values()
                   if teacher or not k.needs_teacher]
 
 

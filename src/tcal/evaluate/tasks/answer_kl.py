@@ -1,8 +1,8 @@
 """answer_kl: the KL to the teacher on the answers of an instruct set's development tasks (``tcal instruct``; the
 instruct set is the command's ``--data``). ``tcal distill`` and ``tcal recover`` score it at every curve point
-whenever ``--data`` holds development tasks, and keep the checkpoint of lowest answer_kl as OUT/best
-(:data:`tcal.train.trainer.BEST_BY`): the development tasks are held out of training, so they can pick a checkpoint
-where the evaluation's own problems must not.
+whenever ``--data`` holds development tasks (:meth:`AnswerKL.implied`), and keep the checkpoint of lowest answer_kl
+as OUT/best (:attr:`~tcal.evaluate.task.Task.picks_best`): the development tasks are held out of training, so they
+can pick a checkpoint where the evaluation's own problems must not.
 """
 from __future__ import annotations
 
@@ -19,17 +19,18 @@ class AnswerKL(Task):
     options = ("data",)
     text = False  # token ids
     needs_teacher = True
+    picks_best = True
 
     def __init__(self, specs, options):
         super().__init__(specs, options)
         self.dev = self.teacher = None
 
-    @staticmethod
-    def available(data: str) -> bool:
-        """Whether ``data`` is an instruct set with development tasks: then every curve point scores answer_kl."""
+    @classmethod
+    def implied(cls, opts) -> bool:
+        """Whether ``--data`` is an instruct set with development tasks: then every curve point scores answer_kl."""
         from tcal.data.instruct import is_instruct_set, load_instruct_dev
 
-        return is_instruct_set(data) and load_instruct_dev(data) is not None
+        return is_instruct_set(opts.data) and load_instruct_dev(opts.data) is not None
 
     def check(self) -> None:
         from tcal.data.instruct import is_instruct_set, load_instruct_dev
@@ -50,6 +51,9 @@ class AnswerKL(Task):
 
         ids, mask = self.dev
         return {"answer_kl": lambda model: mean_kl(model, self.teacher, ids, BATCH, mask=mask)}
+
+    def heading(self, column: str) -> str:
+        return "development answer KL"
 
     def describe(self) -> str:
         return (f"answer_kl (KL(teacher || student) on the answers of the development tasks of {self.opts.data}, "

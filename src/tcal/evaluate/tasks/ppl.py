@@ -1,16 +1,22 @@
-"""Held-out perplexity (:mod:`tcal.evaluate.likelihood`) of the text ``--data``: ``--tasks ppl:64@512`` is the first
-64 non-overlapping windows of 512 tokens (the defaults, the full protocol). ``tcal eval`` prints the report, and
-with ``--out`` writes it too (ppl.json: the number and its protocol; ppl.md); training curves and ablation rows score
-perplexity on ``--eval`` already, so it is no curve task.
+"""Held-out perplexity (:mod:`tcal.evaluate.likelihood`): ``--tasks ppl:64@512`` is the first 64 non-overlapping
+windows of 512 tokens (the defaults, the full protocol) of ``tcal eval``'s text ``--data``. ``tcal eval`` prints the
+report, and with ``--out`` writes it too (ppl.json: the number and its protocol; ppl.md).
+
+Every other command scores perplexity through this task too: ``--eval D1,D2 --eval-window W --eval-windows N`` is
+``ppl:N@W`` on each held-out domain (:func:`tcal.evaluate.assemble.held_out`), which ``tcal convert`` reports for the
+teacher and the hybrid, ``tcal ablate`` for every row and ``tcal distill`` and ``tcal recover`` at every curve point
+(its windows are the curve's ``eval_ppl``). So it is no ``--tasks`` item of those commands.
 """
 from __future__ import annotations
 
 import json
+import time
 
 from tcal.evaluate.task import Progress, Task
 from tcal.utils.errors import TcalError
 
 WINDOW, WINDOWS = 512, 64
+BATCH = 4  # windows per forward
 
 
 class Perplexity(Task):
@@ -30,29 +36,82 @@ class Perplexity(Task):
             raise TcalError(f"ppl takes one window length and is named once in --tasks, got "
                             f"{', '.join(map(str, self.specs))}")
         spec = self.specs[0]
-        self.windows = spec.count or WINDOWS
+        self.n_windows = spec.count or WINDOWS
         self.window = spec.lengths[0] if spec.lengths else WINDOW
-        self.corpus = None
+        # tcal eval's --data is one text; the other commands hand their --eval domains as a list
+        data = self.opts.data
+        self.domains = [data] if isinstance(data, str) else list(data)
+        self.corpus = self.tokenizer = None
+        self.corpora, self.ids = {}, {}
 
     def check(self) -> None:
         from tcal.data.corpora import as_corpus
+        from tcal.data.streams import is_token_file
 
         if self.window < 2:
             raise TcalError(f"ppl's window must be at least 2 tokens, got {self.window} (ppl@{self.window})")
-        self.corpus = as_corpus(self.opts.data)  # a missing path or a binary file, before the model loads
+        # a missing path or a binary file, before the model loads
+        self.corpora = {d: None if is_token_file(d) else as_corpus(d) for d in self.domains}
+        self.corpus = self.corpora[self.domains[0]]
+
+    def check_eval(self) -> None:
+        if len(self.domains) != 1:
+            raise TcalError(f"tcal eval scores the perplexity of one text, got {len(self.domains)}")
 
     def texts(self) -> list[str]:
-        return [self.opts.data]
+        return list(self.domains)
+
+    def prepare(self, model, tokenizer, teacher=None) -> None:
+        self.tokenizer = tokenizer
+
+    def windows(self, domain: str | None = None):
+        """One domain's token windows ([N, W]; the first domain's by default), cut once (a corpus, a mixture, a
+        token pool or a .npy file)."""
+        from tcal.data.streams import eval_windows_for
+
+        domain = domain or self.domains[0]
+        if domain not in self.ids:
+            self.ids[domain] = eval_windows_for(domain, self.tokenizer, self.window, self.n_windows)[0]
+        return self.ids[domain]
+
+    # -- curve points, ablation rows, conversions -----------------------------------------------------------------
+
+    def score(self, model, domain: str | None = None, *, progress: bool = False) -> float:
+        """The perplexity of ``model`` on one domain's windows (the first domain's: the curve's ``eval_ppl``)."""
+        from tcal.evaluate.likelihood import window_ppl
+
+        domain = domain or self.domains[0]
+        return window_ppl(model, self.windows(domain), batch_size=BATCH, progress=progress,
+                          desc=f"perplexity {domain}")
+
+    def measure(self, model) -> dict:
+        """Every domain's perplexity: ``ppl`` (the first domain's), ``ppl_by_domain`` and the seconds it took."""
+        t0 = time.perf_counter()
+        by = {d: self.score(model, d, progress=self.opts.progress) for d in self.domains}
+        return {"ppl": by[self.domains[0]], "ppl_by_domain": by, "seconds": time.perf_counter() - t0}
+
+    def reports(self, model, tokenizer) -> dict[str, dict]:
+        """Every domain's perplexity with its protocol (:func:`~tcal.evaluate.likelihood.perplexity_report`)."""
+        from tcal.evaluate.likelihood import perplexity_report
+
+        self.tokenizer = tokenizer
+        return {d: perplexity_report(model, tokenizer, self.windows(d) if self.corpora[d] is None else self.corpora[d],
+                                     window=self.window, windows=self.n_windows, batch_size=BATCH,
+                                     progress=self.opts.progress)
+                for d in self.domains}
+
+    def describe(self) -> str:
+        return (f"held-out perplexity of {', '.join(self.domains)}: the first {self.n_windows} non-overlapping "
+                f"windows of {self.window} tokens")
+
+    # -- tcal eval ------------------------------------------------------------------------------------------------
 
     @property
     def state(self):
         return None
 
     def run(self, model, tokenizer, progress: Progress) -> dict:
-        from tcal.evaluate import perplexity_report
-
-        return perplexity_report(model, tokenizer, self.corpus, window=self.window, windows=self.windows,
-                                 progress=self.opts.progress)
+        return self.reports(model, tokenizer)[self.domains[0]]
 
     def report(self, result: dict, title: str) -> dict[str, object]:
         lines = [f"# Perplexity: {title}", "",
@@ -66,7 +125,7 @@ class Perplexity(Task):
 
     def headline(self, result: dict, files: dict) -> str:
         return (json.dumps(result, indent=2, default=str) + "\n" + f"{self.opts.model}: PPL {result['ppl']:.3f} on "
-                f"{self.opts.data} ({self.windows} x {self.window} tokens)")
+                f"{self.opts.data} ({self.n_windows} x {self.window} tokens)")
 
 
 TASK = Perplexity

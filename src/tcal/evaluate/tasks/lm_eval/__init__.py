@@ -6,12 +6,17 @@ and lm_eval.md; finished tasks are kept in ``OUT.partial/``.
 """
 from __future__ import annotations
 
-from tcal.evaluate.task import Progress, Task
+from tcal.evaluate.task import Option, Progress, Task
 from tcal.utils.errors import TcalError
 
 # tcal.evaluate.tasks.lm_eval.harness.LOCAL_TASKS, named here for the registry without the harness (tests/evaluate/test_harness.py)
 LOCAL = ("tcal_lastword", "tcal_cloze")
 PREFIX = "lm-eval/"
+
+
+def spelled(name: str) -> str:
+    """How ``--tasks`` spells a harness task given by its bare name (a local task is its own name)."""
+    return name if name in LOCAL else PREFIX + name
 
 
 class LmEval(Task):
@@ -22,7 +27,12 @@ class LmEval(Task):
                "need network)")
     usage = f"{', '.join(n + ':N' for n in LOCAL)}, {PREFIX}NAME:N"
     counts = "the first N samples per task, default all"
-    options = ("seed", "batch_size", "lm_eval_data")
+    options = (
+        Option("seed", 0, "seed of every random choice in the local tasks' passages", eval_only=True),
+        Option("batch_size", None, "requests run together (default 4)", kind=int, eval_only=True),
+        Option("lm_eval_data", "shakespeare:eval", "held-out text the local tasks are built from (an evaluation split "
+                                                   "that nothing else reads)", eval_only=True),
+    )
     curve = False
 
     @classmethod

@@ -8,7 +8,7 @@ prompts built once; ``tcal eval`` writes niah.json (every prompt's answers and o
 """
 from __future__ import annotations
 
-from tcal.evaluate.task import Progress, Task
+from tcal.evaluate.task import Option, Progress, Task
 from tcal.utils.errors import TcalError
 
 # tcal.evaluate.tasks.niah.ruler.TASKS, named here for the registry without torch (tests/evaluate/test_niah.py: they agree)
@@ -27,7 +27,13 @@ class Niah(Task):
     title = "the retrieval tasks"
     counts = "prompts per length, default 8"
     takes_lengths = True
-    options = ("seed", "haystack", "batch_size", "max_new_tokens")
+    options = (
+        Option("seed", 0, "seed of every random choice in its prompts", eval_only=True),
+        Option("haystack", "sotu:eval", "real text the needles hide in (used for nothing else)"),
+        Option("batch_size", None, "prompts run together (default 4)", kind=int, eval_only=True),
+        Option("max_new_tokens", None, "the answer's room in tokens (default RULER's: 128 for the needle tasks, 30 "
+                                       "for vt, 120 for cwe); prompts shrink by it", kind=int, eval_only=True),
+    )
 
     def __init__(self, specs, options):
         super().__init__(specs, options)
