@@ -8,6 +8,7 @@ from helpers import tiny_teacher
 
 import tcal
 from tcal.cli import main
+from tcal.models.shapes import SHAPES
 
 SMOKE = ("--num-layers", 2, "--keep", 0, "--decode-tokens", 4, "--reps", 1, "--dtype", "float32", "--device", "cpu",
          "--no-progress")
@@ -199,8 +200,7 @@ def test_bad_models_are_one_line_errors(tmp_path, capsys, workspace):
     hybrid = tmp_path / "hybrid"
     tcal.convert(tiny_teacher(), keep=[0], init="copy").save_pretrained(hybrid)
     for model, extra, message in [
-        ("gpt-9", (), "--model 'gpt-9' is neither a shape (gemma3-270m, gemma3-1b, llama-3.2-3b, smollm2-135m, "
-                      "qwen2.5-1.5b) nor a directory"),
+        ("gpt-9", (), f"--model 'gpt-9' is neither a shape ({', '.join(SHAPES)}) nor a directory"),
         (workspace / "teacher", (), "is not a saved tcal hybrid (config.json model_type 'llama', not 'tcal_hybrid')"),
         (tmp_path / "empty", (), "is not a saved tcal hybrid (no readable config.json)"),
         (hybrid, ("--num-layers", 2), "a saved hybrid"),

@@ -250,7 +250,7 @@ def test_a_users_partial_folder_survives_resume(chat_teacher, tmp_path, capsys, 
 
 def test_bad_counts_name_themselves_and_a_set_with_no_training_task_says_why(chat_teacher, tmp_path, capsys,
                                                                             tmp_cache, monkeypatch):
-    import tcal.evaluate.generate as G
+    import tcal.engines.tcal_generate as G
 
     base = ("instruct", "--teacher", str(chat_teacher / "teacher"), "--sources", f"dir:{chat_teacher / 'src'}",
             "--seq-len", "128", "--no-progress")
