@@ -244,6 +244,7 @@ def test_a_tokenizer_that_splits_words_into_characters_is_refused():
 
 
 def test_auto_text_is_the_teachers_own():
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.teacher_table import default_calib, default_eval
     from tcal.taylor.budget import CalibArgs
 
@@ -252,8 +253,8 @@ def test_auto_text_is_the_teachers_own():
     assert default_eval("qwen2.5-coder-0.5b") == ["code:eval", "wiki:eval"]
     assert default_calib("/some/local/model") == "wiki:calib+shakespeare:calib"  # not built in: the prose default
     args = CalibArgs()
-    args.resolve_calib("qwen2.5-coder-0.5b")
-    assert args.calib == "code:calib+wiki:calib"
+    ref = resolve_teacher_args(args, "qwen2.5-coder-0.5b")
+    assert args.calib == "code:calib+wiki:calib" and (ref.origin, ref.family) == ("qwen2.5-coder-0.5b", "qwen2")
     mine = CalibArgs(calib="code:calib")
-    mine.resolve_calib("qwen2.5-coder-0.5b")
+    resolve_teacher_args(mine, "qwen2.5-coder-0.5b")
     assert mine.calib == "code:calib"

@@ -425,6 +425,7 @@ def test_a_mixture_whose_parts_each_pass_is_refused_when_together_they_hold_the_
 def test_calib_auto_follows_a_local_copy_or_hybrid_of_a_builtin_coder_back_to_it(workspace, tmp_path):
     import warnings
 
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.teacher_table import CODE_CALIB, PROSE_CALIB, builtin_origin
     from tcal.taylor.budget import CalibArgs
 
@@ -440,7 +441,7 @@ def test_calib_auto_follows_a_local_copy_or_hybrid_of_a_builtin_coder_back_to_it
     for spec in (copy, hybrid, distilled):
         assert builtin_origin(str(spec)) == "qwen2.5-coder-0.5b"
         args = CalibArgs()
-        args.resolve_calib(str(spec))
+        resolve_teacher_args(args, str(spec), check=False)
         assert args.calib == CODE_CALIB
     assert builtin_origin(str(workspace / "teacher")) is None
     coder = tmp_path / "Qwen2.5-Coder-7B"  # a model tcal does not know, named like a code model: said aloud
@@ -448,7 +449,7 @@ def test_calib_auto_follows_a_local_copy_or_hybrid_of_a_builtin_coder_back_to_it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         args = CalibArgs()
-        args.resolve_calib(str(coder))
+        resolve_teacher_args(args, str(coder), check=False)
     assert args.calib == PROSE_CALIB and any(f"pass --calib {CODE_CALIB}" in str(w.message) for w in caught)
 
 

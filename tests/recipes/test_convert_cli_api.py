@@ -96,7 +96,7 @@ def test_keep_auto_is_the_teachers_convert_share(workspace, monkeypatch):
     assert table.default_convert_keep("smollm2-135m", "reference") == "auto"
     assert table.default_convert_keep("/a/model", "reference") == "auto"
     budgets = []
-    monkeypatch.setattr(table, "default_convert_keep",
+    monkeypatch.setattr(table.TeacherRef, "convert_keep",
                         lambda teacher, budget: budgets.append(budget) or "uniform:75%")
 
     def converted(name, *keep):

@@ -67,11 +67,12 @@ def test_kl_data_follows_the_teacher_and_its_windows_the_budget():
     """--kl-data auto: the calibration windows for every built-in teacher (chat windows kept code PPL lower but not
     HumanEval answers, docs/results.md); --kl-data chat:CODE's windows' count and length come from the budget unless
     --kl-windows says; a budget with the recall mix (long) fits the calibration windows."""
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.utils.errors import TcalError
 
     coder, prose = CalibArgs(), CalibArgs()
-    coder.resolve_calib("qwen2.5-coder-0.5b")
-    prose.resolve_calib("smollm2-135m")
+    resolve_teacher_args(coder, "qwen2.5-coder-0.5b")
+    resolve_teacher_args(prose, "smollm2-135m")
     assert (coder.kl_data, prose.kl_data) == ("calib", "calib")
     assert coder.kl_options(coder.budget("cpu")) == {}
     coder.kl_data = "chat:code:calib"

@@ -29,37 +29,6 @@ def check_teacher(teacher: PreTrainedModel) -> families.Family:
     return fam
 
 
-def check_teacher_spec(spec: str) -> None:
-    """Refuse, before it loads (a 1B model takes a minute to dequantise), a teacher whose family tcal does not
-    convert: read from a local directory's config.json or a GGUF's header. A hub id or an unreadable file passes
-    here and is checked once loaded."""
-    from tcal.data.teachers import teacher_family
-
-    kind = teacher_family(spec)
-    if kind is None or kind == HybridConfig.model_type or families.find(kind):
-        return  # a hybrid is refused once loaded, with the reason
-    if kind.startswith("gguf:"):
-        arch = kind[len("gguf:"):]
-        if families.by_gguf_architecture(arch):
-            return
-        archs = sorted({f.gguf_architecture for f in families.FAMILIES.values() if f.gguf_architecture})
-        raise TcalError(f"{spec} is a GGUF of architecture {arch!r}, which tcal does not convert; tcal converts "
-                        f"{', '.join(archs)} GGUFs ({families.supported(lambda f: f.gguf_architecture)} models)")
-    raise TcalError(f"unsupported architecture {kind!r} in {spec}; tcal converts {families.supported()} "
-                    "decoder-only models")
-
-
-def resolve_teacher_args(cfg, every_eval: bool = False) -> None:
-    """What every command that converts (convert, ablate, recover) does with its teacher before it loads: ``--calib
-    auto`` and ``--eval auto`` become the teacher's own (:mod:`tcal.data.teacher_table`; ``every_eval``: all its
-    held-out domains, else its home domain), and a teacher of a family tcal does not convert is refused."""
-    from tcal.data.teacher_table import default_eval
-
-    cfg.resolve_calib(cfg.teacher)
-    cfg.resolve_eval(default_eval(cfg.teacher), every=every_eval)
-    check_teacher_spec(cfg.teacher)
-
-
 def check_keep(keep: Sequence[int], num_layers: int) -> list[int]:
     """Validate an explicit list of layers kept as softmax attention."""
     if isinstance(keep, (str, bytes)) or not hasattr(keep, "__iter__"):

@@ -139,29 +139,107 @@ def builtin_origin(teacher) -> str | None:
     return None
 
 
+def gguf_architecture(path) -> str | None:
+    """A GGUF's ``general.architecture`` (``llama``, ``qwen2``, ``phi3``...), read from its header without loading
+    it; None where the file cannot be read as a GGUF (the loader then says what is wrong with it)."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
+    except Exception:
+        return None
+
+
+def teacher_family(spec: str) -> str | None:
+    """The family a teacher spec loads as, read without loading it: a built-in's, a local directory's
+    ``model_type``, a ``.gguf``'s architecture (``gguf:<arch>``); None for a hub id or anything unreadable."""
+    import json
+    from pathlib import Path
+
+    if spec in TEACHERS:
+        return TEACHERS[spec].family
+    path = Path(str(spec)).expanduser()
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError:  # a name too long or odd for a path
+        return None
+    if is_dir and (path / "config.json").is_file():
+        try:
+            return json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None
+    if is_file and path.suffix.lower() == ".gguf":
+        arch = gguf_architecture(path)
+        return f"gguf:{arch}" if arch else None
+    return None
+
+
+class TeacherRef:
+    """A teacher as a command names it, read once before anything loads: the built-in teacher it is or comes from
+    (``origin``, :func:`builtin_origin`), what it loads as (``family``, :func:`teacher_family`, read on first use),
+    and the defaults its ``auto`` flags stand for. A command resolves its teacher once
+    (:func:`tcal.conversion.resolve.resolve_teacher_args`) and reads all it needs of it here."""
+
+    def __init__(self, spec):
+        self.spec = str(spec)
+        self.origin = builtin_origin(self.spec)
+        self._family = ()
+
+    def __str__(self) -> str:
+        return self.spec
+
+    @property
+    def family(self) -> str | None:
+        if self._family == ():
+            self._family = teacher_family(self.spec)
+        return self._family
+
+    @property
+    def builtin(self) -> BuiltinTeacher | None:
+        return TEACHERS.get(self.origin or "")
+
+    @property
+    def calib(self) -> str:
+        """The calibration text ``--calib auto`` stands for: the built-in teacher's own (also for a copy of it or a
+        hybrid made from it), else the prose default."""
+        return self.builtin.calib if self.builtin is not None else PROSE_CALIB
+
+    @property
+    def eval(self) -> list[str]:
+        """The held-out domains ``--eval auto`` stands for: the built-in teacher's own (or its origin's), else the
+        prose ones; the first is its home domain."""
+        return (self.builtin.eval if self.builtin is not None else PROSE_EVAL).split(",")
+
+    @property
+    def kl_data(self) -> str:
+        """What ``--kl-data auto`` stands for: the built-in teacher's own (or its origin's), else the calibration
+        windows."""
+        return self.builtin.kl_data if self.builtin is not None else "calib"
+
+    def convert_keep(self, budget: str) -> str:
+        """What ``tcal convert --keep auto`` stands for at the calibration budget ``budget``: at ``reference``, the
+        built-in teacher's own (or its origin's); otherwise, and for any other teacher, ``auto``."""
+        return self.builtin.convert_keep if self.builtin is not None and budget == "reference" else "auto"
+
+
 def default_calib(teacher: str) -> str:
-    """The calibration text ``--calib auto`` stands for: the built-in teacher's own (also for a copy of it or a
-    hybrid made from it, :func:`builtin_origin`), else the prose default."""
-    t = TEACHERS.get(builtin_origin(teacher) or "")
-    return t.calib if t is not None else PROSE_CALIB
+    """:attr:`TeacherRef.calib` of ``teacher``."""
+    return TeacherRef(teacher).calib
 
 
 def default_eval(teacher: str) -> list[str]:
-    """The held-out domains ``--eval auto`` stands for: the built-in teacher's own (or its origin's), else the prose
-    ones."""
-    t = TEACHERS.get(builtin_origin(teacher) or "")
-    return (t.eval if t is not None else PROSE_EVAL).split(",")
+    """:attr:`TeacherRef.eval` of ``teacher``."""
+    return TeacherRef(teacher).eval
 
 
 def default_convert_keep(teacher: str, budget: str) -> str:
-    """What ``tcal convert --keep auto`` stands for at the calibration budget ``budget``: at ``reference``, the
-    built-in teacher's own (or its origin's); otherwise, and for any other teacher, ``auto``."""
-    t = TEACHERS.get(builtin_origin(teacher) or "")
-    return t.convert_keep if t is not None and budget == "reference" else "auto"
+    """:meth:`TeacherRef.convert_keep` of ``teacher``."""
+    return TeacherRef(teacher).convert_keep(budget)
 
 
 def default_kl_data(teacher: str) -> str:
-    """What ``--kl-data auto`` stands for: the built-in teacher's own (or its origin's), else the calibration
-    windows."""
-    t = TEACHERS.get(builtin_origin(teacher) or "")
-    return t.kl_data if t is not None else "calib"
+    """:attr:`TeacherRef.kl_data` of ``teacher``."""
+    return TeacherRef(teacher).kl_data
+

@@ -147,36 +147,6 @@ def builtin_gguf_path(name: str = DEFAULT_TEACHER, *, cache_dir=None) -> Path:
     return path
 
 
-def gguf_architecture(path) -> str | None:
-    """A GGUF's ``general.architecture`` (``llama``, ``qwen2``, ``phi3``...), read from its header without loading
-    it; None where the file cannot be read as a GGUF (the loader then says what is wrong with it)."""
-    try:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
-        field = reader.get_field("general.architecture")
-        return bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
-    except Exception:
-        return None
-
-
-def teacher_family(spec: str) -> str | None:
-    """The family a teacher spec loads as, read without loading it: a built-in's, a local directory's
-    ``model_type``, a ``.gguf``'s architecture (``gguf:<arch>``); None for a hub id or anything unreadable."""
-    if spec in TEACHERS:
-        return TEACHERS[spec].family
-    path = Path(str(spec)).expanduser()
-    if path_exists(spec) and path.is_dir() and (path / "config.json").is_file():
-        try:
-            return json.loads((path / "config.json").read_text()).get("model_type")
-        except (OSError, ValueError, AttributeError):
-            return None
-    if path_exists(spec) and path.is_file() and path.suffix.lower() == ".gguf":
-        arch = gguf_architecture(path)
-        return f"gguf:{arch}" if arch else None
-    return None
-
-
 _VERIFIED: dict = {}  # (path, size, mtime) -> sha256 of the files hashed in this process
 
 

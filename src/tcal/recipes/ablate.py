@@ -70,7 +70,7 @@ def _check(cfg: AblateConfig):
     every init; their inputs read)."""
     from tcal.conversion.inits import init_readers, parse_inits
     from tcal.conversion.policy import parse_keep, parse_policy
-    from tcal.conversion.surgery import resolve_teacher_args
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.data.tokens import mixture_parts

@@ -48,10 +48,9 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init, init_readers
     from tcal.conversion.policy import AUTO, parse_keep, parse_policy
-    from tcal.conversion.surgery import resolve_teacher_args
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
-    from tcal.data.teacher_table import default_convert_keep
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate.assemble import held_out
@@ -65,10 +64,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
         raise TcalError("--dtype float16: tcal export refuses a float16 hybrid (float16 cannot hold the linearised "
                         "attention q/k norms); convert in float32 or bfloat16")
     resolve_dtype(cfg.dtype)
-    resolve_teacher_args(cfg)
     keep_auto = cfg.keep.strip() == AUTO
-    if keep_auto:
-        cfg.keep = default_convert_keep(cfg.teacher, cfg.budget_name(world.device))
+    resolve_teacher_args(cfg, keep_budget=cfg.budget_name(world.device))
     spec = get_init(cfg.init)
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)

@@ -38,7 +38,7 @@ def run(cfg: DistillConfig, *, callback=None) -> dict:
 def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     import torch
 
-    from tcal.data.teacher_table import default_eval
+    from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.teachers import load_tokenizer_dir
     from tcal.data.tokens import window_prefix
     from tcal.evaluate.assemble import held_out
@@ -63,7 +63,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     main = world.is_main()
     say = print if main else (lambda *a, **k: None)
     # every argument is checked before a model loads
-    cfg.resolve_eval(default_eval(cfg.teacher))
+    resolve_teacher_args(cfg, check=False)  # --eval auto: the teacher's home domain
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
     settings = dataclasses.asdict(cfg)
     if cfg.resume:

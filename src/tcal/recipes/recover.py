@@ -79,7 +79,7 @@ def _start(cfg: RecoverConfig, world, tasks, given):
     if cfg.teacher_placement == "shard":
         raise TcalError("tcal recover keeps the teacher on every rank (it calibrates with it between runs); "
                         "drop --teacher-placement shard, or convert with tcal convert and run tcal distill")
-    from tcal.conversion.surgery import resolve_teacher_args
+    from tcal.conversion.resolve import resolve_teacher_args
 
     resolve_teacher_args(cfg)
     out = check_out(cfg.out, "recover", cfg.overwrite)

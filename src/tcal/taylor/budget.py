@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tcal.data.teacher_table import CODE_CALIB, builtin_origin, default_calib, default_kl_data
 from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError
@@ -83,22 +82,6 @@ class CalibArgs:
                                "budget); auto: the teacher's default, calib for every built-in teacher")
     kl_windows: int | None = arg(None, "chat windows of the KL stage with --kl-data chat:CODE, a quarter held out "
                                        "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
-
-    def resolve_calib(self, teacher: str) -> None:
-        """``--calib auto`` / ``--kl-data auto`` -> the teacher's defaults (tcal.data.teacher_table); said aloud where a
-        teacher tcal does not know is named like a code model but gets the prose default."""
-        if self.kl_data.strip() == "auto":
-            self.kl_data = default_kl_data(teacher)
-        if self.calib.strip() == "auto":
-            self.calib = default_calib(teacher)
-            if builtin_origin(teacher) is None and "code" in str(teacher).lower():
-                import warnings
-
-                from tcal.utils.errors import TcalWarning
-
-                warnings.warn(f"--calib auto: {teacher} is not a built-in teacher (nor made from one), so it calibrates "
-                              f"on the prose default {self.calib}; for a code model pass --calib {CODE_CALIB}",
-                              TcalWarning, stacklevel=2)
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:

@@ -88,12 +88,6 @@ class EvalArgs:
     eval_window: int = arg(512, "evaluation window length in tokens")
     eval_windows: int = arg(64, "evaluation windows: the first N, non-overlapping (64 x 512 is the full protocol)")
 
-    def resolve_eval(self, domains: list[str], every: bool = False) -> None:
-        """``--eval auto`` -> the teacher's held-out domains (``tcal.data.teacher_table.default_eval``): the first
-        (its home domain), or ``every`` one."""
-        if self.eval.strip() == "auto":
-            self.eval = ",".join(domains if every else domains[:1])
-
     def eval_list(self) -> list[str]:
         """``--eval a,b,c`` -> [a, b, c]: every table reports each of these held-out domains."""
         specs = [s.strip() for s in self.eval.split(",")] if "," in self.eval and "\n" not in self.eval else [self.eval]

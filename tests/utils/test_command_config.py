@@ -50,10 +50,12 @@ def test_shared_field_groups():
     assert names(TeacherArgs) == ["teacher"] and TeacherArgs().teacher == "smollm2-135m"
     assert names(DeviceArgs) == ["device"] and DeviceArgs().device == "auto"
     assert names(EvalArgs) == ["eval", "eval_window", "eval_windows"] and EvalArgs().eval == "auto"
+    from tcal.conversion.resolve import resolve_teacher_args
+
     home, every, given = EvalArgs(), EvalArgs(), EvalArgs(eval="sotu:eval")
-    home.resolve_eval(["code:eval", "wiki:eval"])
-    every.resolve_eval(["code:eval", "wiki:eval"], every=True)
-    given.resolve_eval(["code:eval"])
+    resolve_teacher_args(home, "qwen2.5-coder-0.5b")
+    resolve_teacher_args(every, "qwen2.5-coder-0.5b", every_eval=True)
+    resolve_teacher_args(given, "qwen2.5-coder-0.5b")
     assert (home.eval, every.eval, given.eval) == ("code:eval", "code:eval,wiki:eval", "sotu:eval")
     assert names(GDNArgs) == ["use_short_conv", "output_gate"]
     assert (GDNArgs().use_short_conv, GDNArgs().output_gate) == (False, True)
