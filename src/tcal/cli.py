@@ -16,24 +16,18 @@ import warnings
 from tcal.utils.command_config import add_dataclass_args, from_args
 from tcal.utils.errors import TcalError, TcalWarning
 
-# name -> (recipe module, config class, help)
+# name -> help; the command is the recipe module tcal.recipes.<name>, its config the class <Name>Config there
 COMMANDS = {
-    "convert": ("tcal.recipes.convert", "ConvertConfig", "convert a teacher into a hybrid and save it"),
-    "eval": ("tcal.recipes.eval", "EvalConfig",
-             "held-out perplexity, long-context retrieval or lm-evaluation-harness tasks of a hybrid or teacher"),
-    "stats": ("tcal.recipes.stats", "StatsConfig", "teacher attention statistics per layer and head, with heat maps"),
-    "ablate": ("tcal.recipes.ablate", "AblateConfig",
-               "every init strategy on the same layers and data: held-out PPL table, plot"),
-    "pool": ("tcal.recipes.pool", "PoolConfig", "tokenise packaged real text into a distillation token pool"),
-    "instruct": ("tcal.recipes.instruct", "InstructConfig",
-                 "instruct-format distillation data: code tasks in the teacher's chat template with its own answers"),
-    "distill": ("tcal.recipes.distill", "DistillConfig", "distil a hybrid against its frozen teacher's logits"),
-    "recover": ("tcal.recipes.recover", "RecoverConfig",
-                "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets"),
-    "export": ("tcal.recipes.export", "ExportConfig",
-               "export a hybrid to the Qwen3.5 layout: a transformers checkpoint (vLLM, SGLang) or a llama.cpp GGUF"),
-    "bench": ("tcal.recipes.bench", "BenchConfig",
-              "prefill and decode speed of a hybrid against its teacher by context length: tables, plot"),
+    "convert": "convert a teacher into a hybrid and save it",
+    "eval": "held-out perplexity, long-context retrieval or lm-evaluation-harness tasks of a hybrid or teacher",
+    "stats": "teacher attention statistics per layer and head, with heat maps",
+    "ablate": "every init strategy on the same layers and data: held-out PPL table, plot",
+    "pool": "tokenise packaged real text into a distillation token pool",
+    "instruct": "instruct-format distillation data: code tasks in the teacher's chat template with its own answers",
+    "distill": "distil a hybrid against its frozen teacher's logits",
+    "recover": "per init: convert, distil on the same data/budget, tabulate tokens to recovery targets",
+    "export": "export a hybrid to the Qwen3.5 layout: a transformers checkpoint (vLLM, SGLang) or a llama.cpp GGUF",
+    "bench": "prefill and decode speed of a hybrid against its teacher by context length: tables, plot",
 }
 
 # name -> (recipe module with a COMMANDS table {subcommand: (config class, run, help)}, help)
@@ -52,9 +46,8 @@ def recipe(name: str, sub: str | None = None):
     if name in GROUPS:
         cls, run, _ = importlib.import_module(GROUPS[name][0]).COMMANDS[sub]
         return cls, run
-    module, cls, _ = COMMANDS[name]
-    mod = importlib.import_module(module)
-    return getattr(mod, cls), mod.run
+    mod = importlib.import_module(f"tcal.recipes.{name}")
+    return getattr(mod, f"{name.capitalize()}Config"), mod.run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, _, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name in POSITIONAL:
             field = POSITIONAL[name]

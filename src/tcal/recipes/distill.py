@@ -43,15 +43,8 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     from tcal.data.tokens import window_prefix
     from tcal.evaluate.assemble import held_out
     from tcal.report.distill_report import human_bytes, run_files
+    from tcal.train import checkpoint as C
     from tcal.train import distributed as D
-    from tcal.train.checkpoint import (
-        finished_report,
-        has_checkpoint,
-        load_model_and_tokenizer,
-        publish_run,
-        removed_unless_resumable,
-        start_partial,
-    )
     from tcal.train.data import check_training_data, training_streams
     from tcal.train.options import changed_settings
     from tcal.train.probes import best_column, curve_probes
@@ -67,23 +60,23 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
     settings = dataclasses.asdict(cfg)
     if cfg.resume:
-        done = finished_report(cfg.out)
-        if done is not None and not has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):
+        done = C.finished_report(cfg.out)
+        if done is not None and not C.has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):
             say(f"{cfg.out} is already finished; nothing to resume")
             return done
     out = check_out(cfg.out, "distill", cfg.overwrite)
     # a pool, a .npy file or an instruct set holds token ids (a pool's text was checked when it was built)
     check_training_data(cfg, [text for t in tasks for text in t.texts()])
-    partial = D.on_main(world, lambda: start_partial(out, cfg.resume, settings))
-    resuming = cfg.resume and has_checkpoint(out)
+    partial = D.on_main(world, lambda: C.start_partial(out, cfg.resume, settings))
+    resuming = cfg.resume and C.has_checkpoint(out)
     if not resuming and not (Path(cfg.hybrid) / "config.json").is_file():
         raise TcalError(f"--hybrid {cfg.hybrid} is not a model directory; write one with `tcal convert --out DIR`")
     # several processes: the models load on the CPU and the trainer shards or places them
     device = world.device if not world.distributed else "cpu"
-    teacher, tok_t = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
+    teacher, tok_t = C.load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     student = tok_s = None
     if not resuming:
-        student, tok_s = load_model_and_tokenizer(cfg.hybrid, dtype=torch.float32, device=device)
+        student, tok_s = C.load_model_and_tokenizer(cfg.hybrid, dtype=torch.float32, device=device)
     elif Path(cfg.hybrid).is_dir():  # the checkpoint holds the weights only: the hybrid's tokenizer is still its own
         tok_s = load_tokenizer_dir(cfg.hybrid, required=False)
     tokenizer = tok_s or tok_t
@@ -94,7 +87,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     probes = curve_probes(tasks, tokenizer, teacher)
     # every training window starts with the tokenizer's BOS where it puts one before every text (Gemma)
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()
-    with removed_unless_resumable(out, partial, enabled=main):
+    with C.removed_unless_resumable(out, partial, enabled=main):
         report, student = distill(student, teacher, cfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, settings=settings, callback=callback,
                                   world=world, probes=probes, prefix=prefix, train_mask=train_mask,
@@ -107,7 +100,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
               f"tokens; rerun with --resume to continue ({partial.path})", file=sys.stderr)
         partial.write_json("report.partial.json", report)
         return report
-    publish_run(out, student, tokenizer, run_files(report, cfg, title=f"distill {out.name}", tasks=tasks),
+    C.publish_run(out, student, tokenizer, run_files(report, cfg, title=f"distill {out.name}", tasks=tasks),
                 best=bool(report.get("best")), work=partial)
     tp = report["train_tokens_per_s"]
     print(f"PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} tokens "

@@ -241,15 +241,8 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     from tcal.data.tokens import window_prefix
     from tcal.evaluate.assemble import held_out
     from tcal.report.distill_report import run_files
+    from tcal.train import checkpoint as C
     from tcal.train import distributed as D
-    from tcal.train.checkpoint import (
-        finished_report,
-        has_checkpoint,
-        load_model_and_tokenizer,
-        partial_dir,
-        publish_run,
-        start_partial,
-    )
     from tcal.train.data import training_streams
     from tcal.train.probes import best_column, curve_probes
     from tcal.train.trainer import distill
@@ -259,7 +252,7 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     say = print if main else (lambda *a, **k: None)
     device = world.device
     t0 = time.time()
-    teacher, tokenizer = load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
+    teacher, tokenizer = C.load_model_and_tokenizer(cfg.teacher, dtype=resolve_dtype(cfg.teacher_dtype), device=device)
     load_s = time.time() - t0
     train_tokens, train_mask, mix_tokens, data_info = training_streams(cfg, tokenizer)
     ppl = held_out([cfg.eval], cfg.eval_window, cfg.eval_windows)  # --eval: every curve's eval_ppl
@@ -275,8 +268,8 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     for init in inits:
         run_dir = work.path / init
         info_file = work.path / f"{init}.init.json"
-        done = finished_report(run_dir)
-        if done is not None and done.get("status") == "done" and not partial_dir(run_dir).exists():
+        done = C.finished_report(run_dir)
+        if done is not None and done.get("status") == "done" and not C.partial_dir(run_dir).exists():
             reports[init] = done
             D.on_main(world, lambda: work.adopt(init))  # published by a run killed before it was recorded
             init_info[init] = json.loads(info_file.read_text()) if info_file.is_file() else {}
@@ -287,14 +280,14 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
                 file=sys.stderr)
             return {"status": "paused", "init": init, "work": str(work.path)}
         student, info = None, {}
-        if not has_checkpoint(run_dir):
+        if not C.has_checkpoint(run_dir):
             student, info = _converted_student(cfg, init, keep, teacher, tokenizer, work, world)
         elif info_file.is_file():
             info = json.loads(info_file.read_text())
         dcfg = _distill_config(cfg, init, run_dir)
         if deadline is not None:  # a positive remainder: at worst the run checkpoints right after step 0
             dcfg.max_minutes = max((deadline - time.time()) / 60, 1e-6)
-        partial = D.on_main(world, lambda: start_partial(run_dir, True, dataclasses.asdict(dcfg)))
+        partial = D.on_main(world, lambda: C.start_partial(run_dir, True, dataclasses.asdict(dcfg)))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
                                   teacher_probes=next((r["teacher_probes"] for r in reports.values()
@@ -309,8 +302,8 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
             return {"status": "paused", "init": init, "work": str(work.path)}
 
         def publish(student=student, partial=partial):
-            publish_run(run_dir, student, tokenizer, run_files(report, dcfg, title=f"distill {run_dir.name}",
-                                                               tasks=tasks), best=bool(report.get("best")), work=partial)
+            files = run_files(report, dcfg, title=f"distill {run_dir.name}", tasks=tasks)
+            C.publish_run(run_dir, student, tokenizer, files, best=bool(report.get("best")), work=partial)
             work.adopt(init)
             converted = f"{init}.converted"
             if cfg.keep_init and (work.path / converted).is_dir():
