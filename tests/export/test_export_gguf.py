@@ -62,8 +62,8 @@ def test_f32_gguf_is_the_hybrid(tmp_path, capsys, family, short_conv):
 def test_teacher_gguf_in_its_own_architecture(tmp_path, family):
     """The llama.cpp rows' teacher, for every family that says teacher_gguf: Llama and Mistral as llama.cpp's llama
     (RoPE rows interleaved), Qwen2 and Qwen3 as qwen2 / qwen3, with the teacher's logits."""
-    from tcal.conversion.surgery import check_teacher_spec
-    from tcal.data.teachers import gguf_architecture
+    from tcal.conversion.resolve import check_teacher_spec
+    from tcal.data.teacher_table import gguf_architecture
     from tcal.export.gguf import write_teacher_gguf
 
     teacher = tiny_teacher(family)

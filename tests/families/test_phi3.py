@@ -83,7 +83,7 @@ def test_a_phi3_gguf_is_a_teacher_tcal_converts(tmp_path):
     """A Phi-3 GGUF (llama.cpp's phi3) passes the check made before a teacher loads; another architecture does not."""
     from helpers import header_gguf
 
-    from tcal.conversion.surgery import check_teacher_spec
+    from tcal.conversion.resolve import check_teacher_spec
     from tcal.utils.errors import TcalError
 
     for arch in ("phi3", "falcon"):

@@ -15,10 +15,11 @@ from tcal.utils.errors import TcalError, TcalWarning
 AUTO = "auto"
 
 
-def check_teacher_spec(teacher: TeacherRef) -> None:
+def check_teacher_spec(teacher: TeacherRef | str) -> None:
     """Refuse, before it loads (a 1B model takes a minute to dequantise), a teacher whose family tcal does not
     convert: read from a local directory's config.json or a GGUF's header. A hub id or an unreadable file passes
     here and is checked once loaded."""
+    teacher = teacher if isinstance(teacher, TeacherRef) else TeacherRef(teacher)
     kind, spec = teacher.family, teacher.spec
     if kind is None or kind == HybridConfig.model_type or families.find(kind):
         return  # a hybrid is refused once loaded, with the reason
