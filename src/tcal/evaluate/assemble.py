@@ -46,7 +46,7 @@ class Command:
     """What a command that evaluates says about its tasks."""
 
     name: str  # how messages name it ("tcal ablate"); "" for tcal eval, whose runs its tasks name
-    eval_only: bool = False  # tcal eval: its tasks run whole evaluations; else they score curve points or ablation rows
+    whole: bool = False  # tcal eval: its tasks run whole evaluations; else they score curve points or ablation rows
     teacher: bool = False  # it has a teacher: the tasks that compare with one run, and join where implied
     default: tuple[TaskSpec, ...] = ()  # the tasks of a run that names none
     old: tuple[OldFlag, ...] = ()
@@ -88,7 +88,6 @@ def fold(cfg, command: Command) -> tuple[list[TaskSpec], list[str], dict]:
     the specs they name or add after those of ``--tasks`` in the order the flags are declared, then the command's
     default where none is named; then the sizes and the old names of task flags."""
     specs, used, renamed = parse_tasks(cfg.tasks), [], {}
-    names = lambda: [s.name for s in specs]  # noqa: E731
     for o in (o for o in command.old if o.does in (NAMES, ADDS)):
         value, flag = getattr(cfg, o.field), flag_name(o.field)
         if o.does == NAMES and str(value).strip():
@@ -103,7 +102,7 @@ def fold(cfg, command: Command) -> tuple[list[TaskSpec], list[str], dict]:
                 used += [flag_name(o.count_from)] if given != _default(cfg, o.count_from) else []
             specs.append(TaskSpec(o.task, count, _lengths(flag, value) if o.part == "lengths" else ()))
         elif o.does == ADDS and o.count_from and getattr(cfg, o.count_from) != _default(cfg, o.count_from):
-            raise unread_error(flag_name(o.count_from), flag, command.run_words(names()))
+            raise unread_error(flag_name(o.count_from), flag, command.run_words([s.name for s in specs]))
     specs = specs or list(command.default)
     for o in (o for o in command.old if o.does in (SIZES, RENAMES)):
         value, flag = getattr(cfg, o.field), flag_name(o.field)
@@ -112,7 +111,7 @@ def fold(cfg, command: Command) -> tuple[list[TaskSpec], list[str], dict]:
             value = _lengths(flag, value) if o.part == "lengths" else _count(flag, value)
             kind = T.TASKS.get(o.task) or T.find(o.task)
             if not any(kind.accepts(s.name) for s in specs):
-                raise unread_error(flag, o.task, command.run_words(names()))
+                raise unread_error(flag, o.task, command.run_words([s.name for s in specs]))
             specs = [dataclasses.replace(s, **{o.part: value}) if kind.accepts(s.name) and not getattr(s, o.part)
                      else s for s in specs]
         elif o.does == RENAMES and value != _default(cfg, o.field):
@@ -137,7 +136,7 @@ def assemble(cfg, command: Command, **settings) -> list[Task]:
     if command.teacher:
         specs += [TaskSpec(k.name) for k in T.TASKS.values()
                   if k.needs_teacher and not any(k.accepts(s.name) for s in specs) and k.implied(options)]
-    built = T.build(specs, options, where=command.name, curve=not command.eval_only)
+    built = T.build(specs, options, where=command.name, curve=not command.whole)
     for t in built:
         if t.needs_teacher and not command.teacher:
             raise TcalError(f"{t.name} compares a model with its teacher, and {command.name or 'tcal eval'} reads one "

@@ -38,7 +38,7 @@ def default_eval_windows(device: str, vocab_size: int) -> int:
 
 
 @dataclass
-class AblateConfig(task_args(eval_only=False), TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
+class AblateConfig(task_args(for_eval=False), TeacherArgs, CalibArgs, EvalArgs, OutArgs, DeviceArgs):
     keep: str = arg("auto", KEEP_HELP)
     inits: str = arg(",".join((*BASELINES, OURS)), "comma-separated strategies; the five baselines always belong in")
     align_steps: int | None = arg(None, "Phase 2 AdamW steps per layer (default: 60 on CPU, sized for a default "

@@ -29,7 +29,7 @@ DEFAULT_OUT = "runs/eval"  # where the tasks that always write a report write it
 
 
 @dataclass
-class EvalConfig(task_args(eval_only=True), DeviceArgs, OutArgs):
+class EvalConfig(task_args(for_eval=True), DeviceArgs, OutArgs):
     model: str = arg(DEFAULT_TEACHER, "a saved tcal hybrid directory, or any teacher spec")
     tasks: str = arg("", "tasks to score, comma-separated: NAME[:N][@LENGTH,...], N = how many of its items "
                          "(problems, prompts per length, samples, windows), LENGTH = a context length in tokens; e.g. "
@@ -55,7 +55,7 @@ OLD_FLAGS = (OldFlag("task", NAMES), OldFlag("lm_eval", NAMES, spell=spelled),
              OldFlag("lengths", SIZES, "niah", "lengths"), OldFlag("samples", SIZES, "niah", "count"),
              OldFlag("limit", SIZES, "humaneval", "count"), OldFlag("lm_eval_limit", SIZES, "lm-eval", "count"),
              OldFlag("window", SIZES, "ppl", "lengths"), OldFlag("windows", SIZES, "ppl", "count"))
-EVAL = Command("", eval_only=True, default=(TaskSpec("ppl"),), old=OLD_FLAGS, settings=("data", "dtype", "device"))
+EVAL = Command("", whole=True, default=(TaskSpec("ppl"),), old=OLD_FLAGS, settings=("data", "dtype", "device"))
 
 
 def build_tasks(cfg: EvalConfig):

@@ -26,7 +26,7 @@ TEACHER_PLACEMENTS = ("auto", "replicate", "shard")
 
 
 @dataclass
-class TrainOptions(task_args(eval_only=False), EvalArgs, DeviceArgs):
+class TrainOptions(task_args(for_eval=False), EvalArgs, DeviceArgs):
     """Distillation settings shared by ``tcal distill`` and ``tcal recover``; ``--tasks`` are scored at every curve
     point, beside the held-out PPL."""
 

@@ -47,7 +47,7 @@ def _discover() -> dict[str, type[Task]]:
 
 # name -> Task class
 TASKS: dict[str, type[Task]] = {}
-# the commands' flag sets made so far ({eval_only: dataclass}); a task registered later may declare no new flag
+# the commands' flag sets made so far ({for_eval: dataclass}); a task registered later may declare no new flag
 _ARGS: dict[bool, type] = {}
 
 
@@ -79,8 +79,9 @@ def register(task: type[Task]) -> type[Task]:
     if taken:
         raise TcalError(f"task name {taken[0]!r} is taken; register {task.__name__} under another name")
     _check_options(task, {o.name: o for t in TASKS.values() if t is not task for o in t.flags()})
-    new = [o.name for every, cls in _ARGS.items() for o in task.flags()
-           if (every or (task.curve and not o.eval_only)) and o.name not in {f.name for f in dataclasses.fields(cls)}]
+    new = [o.name for for_eval, cls in _ARGS.items() for o in task.flags()
+           if (for_eval or (task.curve and not o.eval_only))
+           and o.name not in {f.name for f in dataclasses.fields(cls)}]
     if new:
         raise TcalError(f"task {task.name} declares --{new[0].replace('_', '-')}, and the commands' flags were made "
                         f"before it was registered: register {task.__name__} before importing tcal's commands, or "
@@ -102,31 +103,31 @@ def names() -> str:
     return ", ".join(TASKS)
 
 
-def flags(eval_only: bool) -> dict[str, Option]:
-    """The task flags of ``tcal eval`` (``eval_only``: every task's) or of the commands that score curve points and
+def flags(for_eval: bool) -> dict[str, Option]:
+    """The task flags of ``tcal eval`` (``for_eval``: every task's) or of the commands that score curve points and
     ablation rows (the curve tasks' flags but those only tcal eval takes), by name, each with the help of every task
     that declares it."""
     found: dict[str, list[tuple[str, Option]]] = {}
     for t in TASKS.values():
-        if not (eval_only or t.curve):
+        if not (for_eval or t.curve):
             continue
         for o in t.flags():
-            if eval_only or not o.eval_only:
+            if for_eval or not o.eval_only:
                 found.setdefault(o.name, []).append((t.name, o))
     return {name: dataclasses.replace(decl[0][1], help="; ".join(f"{t}: {o.help}" for t, o in decl))
             for name, decl in found.items()}
 
 
-def task_args(eval_only: bool) -> type:
+def task_args(for_eval: bool) -> type:
     """The task flags of a command as a dataclass its config derives from: ``--tasks``, ``--allow-code-execution`` and
     every task's flags (:func:`flags`), made once from the tasks registered then."""
-    if eval_only not in _ARGS:
+    if for_eval not in _ARGS:
         fields = [("tasks", str, arg("", TASKS_HELP)), ("allow_code_execution", bool, arg(False, CODE_EXECUTION_HELP))]
-        for o in flags(eval_only).values():
+        for o in flags(for_eval).values():
             kind = o.type if o.default is not None else o.type | None
             fields.append((o.name, kind, arg(o.default, o.help, **({"choices": o.choices} if o.choices else {}))))
-        _ARGS[eval_only] = dataclasses.make_dataclass("EvalTaskArgs" if eval_only else "TaskArgs", fields)
-    return _ARGS[eval_only]
+        _ARGS[for_eval] = dataclasses.make_dataclass("EvalTaskArgs" if for_eval else "TaskArgs", fields)
+    return _ARGS[for_eval]
 
 
 def task_flags(cfg) -> tuple[str, ...]:
