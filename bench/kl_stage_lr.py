@@ -18,9 +18,9 @@ from pathlib import Path
 
 from tcal.conversion.convert import calibration_ids
 from tcal.data.teachers import load_teacher
-from tcal.taylor.config import AlignConfig, KLConfig
 from tcal.taylor.kl_stage import kl_stage
 from tcal.taylor.pipeline import split_calibration
+from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.train.checkpoint import load_model
 
 
