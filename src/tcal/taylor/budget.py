@@ -31,10 +31,9 @@ class CalibBudget:
 _LARGE_ALIGN = AlignConfig(steps=300, batch_size=16, eval_every=5, schedule="cosine", warmup_steps=10)
 CALIB_BUDGETS: dict[str, CalibBudget] = {b.name: b for b in (
     CalibBudget("reference", windows=4, window=256, align=AlignConfig(steps=300), kl=KLConfig(steps=40, batch_size=3)),
-    # what two CPU cores afford in about half an hour on a 0.5B teacher: 32 x 512 tokens, Phase 2 in minibatches of
-    # 2 x 512 (held-out check every 10 steps), a KL stage of 40 steps of 2 x 512 at lr 3e-5: at the stage's usual
-    # 3e-4 the half-converted coder's held-out KL rose and the stage kept its first state (docs/results.md, *A CPU
-    # budget for half converted*)
+    # 16x the reference's tokens for a CPU: 32 x 512 tokens, Phase 2 in minibatches of 2 x 512 (held-out check every
+    # 10 steps), a KL stage of 40 steps of 2 x 512 at lr 3e-5: at the stage's usual 3e-4 the half-converted coder's
+    # held-out KL rose and the stage kept its first state (docs/results.md, *A CPU budget for half converted*)
     CalibBudget("medium", windows=32, window=512,
                 align=AlignConfig(steps=300, batch_size=2, eval_every=10, schedule="cosine", warmup_steps=10),
                 kl=KLConfig(steps=40, lr=3e-5, batch_size=2, eval_every=10)),
@@ -62,8 +61,8 @@ class CalibArgs:
                              "wiki:calib+shakespeare:calib, and code:calib+wiki:calib for the code teachers "
                              "(qwen2.5-coder-*, a copy of one, or a hybrid made from one)")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
-                                    "medium (32 x 512, minibatches of 2, 40 KL steps at lr 3e-5: about half an hour "
-                                    "for a 0.5B teacher on two CPU cores), large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
+                                    "medium (32 x 512, minibatches of 2, 40 KL steps at lr 3e-5: under an hour for a "
+                                    "0.5B teacher on two CPU cores), large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
                                     "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
                                     "steps with the recall mix: for long-context retrieval, on a GPU), or auto "
                                     "(reference on CPU, large on a GPU); --calib-window/--calib-windows/--align-steps override it",
