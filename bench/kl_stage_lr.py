@@ -24,6 +24,11 @@ from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.train.checkpoint import load_model
 
 
+def _recorded(cls, values: dict):
+    """The stage config ``cls`` as the conversion's report recorded it (fields a newer config lacks are dropped)."""
+    return cls(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -37,10 +42,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     report = json.loads((Path(args.hybrid) / "report.json").read_text())
     calib = report["calibration"]
-    kl0 = KLConfig(**{k: v for k, v in calib["kl"].items() if k in {f.name for f in dataclasses.fields(KLConfig)}})
+    align, kl0 = _recorded(AlignConfig, calib["align"]), _recorded(KLConfig, calib["kl"])
     teacher, tok = load_teacher(args.teacher, device="cpu")
     ids = calibration_ids(calib["data"], tok, calib["tokens_per_sequence"], calib["sequences"])
-    train_rows, held_rows = split_calibration(ids.shape[0], AlignConfig.heldout_frac, AlignConfig.heldout_max_sequences)
+    train_rows, held_rows = split_calibration(ids.shape[0], align.heldout_frac, align.heldout_max_sequences)
     train, held = ids[train_rows], ids[held_rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
