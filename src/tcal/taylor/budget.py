@@ -62,7 +62,8 @@ class CalibArgs:
                              "(qwen2.5-coder-*, a copy of one, or a hybrid made from one)")
     calib_budget: str = arg("auto", "calibration budget: reference (4 x 256 tokens, 300 full-batch Phase 2 steps), "
                                     "medium (32 x 512, minibatches of 2, 40 KL steps at lr 3e-5: under an hour for a "
-                                    "0.5B teacher on two CPU cores), large (512 x 512, minibatches of 16, cosine schedule), xl (2048 x 512, 1,200 KL "
+                                    "0.5B teacher on two CPU cores), large (512 x 512, minibatches of 16, cosine "
+                                    "schedule), xl (2048 x 512, 1,200 KL "
                                     "steps; needs a 1M-token corpus, e.g. the default mixture), long (64 x 4096, 90 KL "
                                     "steps with the recall mix: for long-context retrieval, on a GPU), or auto "
                                     "(reference on CPU, large on a GPU); --calib-window/--calib-windows/--align-steps override it",
