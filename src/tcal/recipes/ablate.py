@@ -85,7 +85,7 @@ def _check(cfg: AblateConfig):
     out = check_out(cfg.out, "ablate", cfg.overwrite)
     inits = parse_inits(cfg.inits)
     recall = cfg.recall_on(resolve_device(cfg.device))
-    refuse_unread(given, [*init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+    refuse_unread(given, [*init_readers(inits, recall=recall, chat=cfg.chat_kl() and not recall),
                           *readers(tasks, cfg, ABLATE)],
                   run_words(ABLATE, tasks, f"tcal ablate --inits {','.join(inits)}"))
     parse_policy(parse_keep(cfg.keep), num_layers=None)
@@ -103,7 +103,7 @@ def _check(cfg: AblateConfig):
 
 
 def run(cfg: AblateConfig) -> dict:
-    from tcal.conversion.convert import calibration_ids, chat_kl_data, convert_with_record
+    from tcal.conversion.convert import calibration_ids, convert_with_record, kl_text
     from tcal.conversion.inits import get_init
     from tcal.conversion.policy import parse_keep
     from tcal.conversion.select import SelectionConfig, select_layers
@@ -151,10 +151,9 @@ def run(cfg: AblateConfig) -> dict:
     teacher_tasks = scores(teacher)
     log.info("teacher PPL %s (%d x %d each)", teacher_eval["ppl_by_domain"], n_eval, cfg.eval_window)
     calibration, stats_s, kl_data = None, 0.0, None
-    kl_text = cfg.kl_options(budget)
-    if kl_text and any(get_init(i).kl for i in inits):  # one set of chat windows for every init with a KL stage
-        kl_data = chat_kl_data(kl_text["kl_data"], tok, window=kl_text["kl_windows"][1],
-                               windows=kl_text["kl_windows"][0])
+    kl_opts = cfg.kl_options(budget)
+    if kl_opts and any(get_init(i).kl for i in inits):  # one set of chat windows for every init with a KL stage
+        kl_data = kl_text(kl_opts["kl_data"], tok, window=kl_opts["kl_windows"][1], windows=kl_opts["kl_windows"][0])
     if any(get_init(i).calibrated for i in inits):
         t0 = time.perf_counter()
         ids = calibration_ids(cfg.calib, tok, budget.window, budget.windows)

@@ -74,7 +74,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     reads_calib = spec.calibrated or scored
     evaluate = cfg.eval.lower() != "none"
     recall = cfg.recall_on(world.device)
-    refuse_unread(given, [*init_readers([spec.name], recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+    refuse_unread(given, [*init_readers([spec.name], recall=recall, chat=cfg.chat_kl() and not recall),
                           Reader(f"the scored keep policies ({', '.join(SCORED_POLICIES)})", ("calib",), scored),
                           Reader("--keep auto (its layers follow the budget)", ("calib_budget",), keep_auto),
                           Reader("an evaluated run (--eval not none)", ("eval_window", "eval_windows"), evaluate)],

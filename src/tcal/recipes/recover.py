@@ -93,7 +93,7 @@ def _start(cfg: RecoverConfig, world, tasks, given):
     if not str(cfg.data).strip():
         raise TcalError("no training data given; pass --data POOL_DIR (tcal pool), a .npy token file or a corpus spec")
     recall = cfg.recall_on(world.device)
-    refuse_unread(given, init_readers(inits, recall=recall, chat=cfg.kl_data.startswith("chat:") and not recall),
+    refuse_unread(given, init_readers(inits, recall=recall, chat=cfg.chat_kl() and not recall),
                   run_words(CURVE, tasks, f"tcal recover --inits {','.join(inits)}"))
     if any(get_init(i).calibrated for i in inits):
         cfg.check_calib()

@@ -78,10 +78,12 @@ class CalibArgs:
                                              "with a copy of an earlier span of itself (for long-context retrieval; "
                                              "0 = off; default: the budget's, 0.5 long, 0 the others)")
     kl_recall_span: int = arg(256, "tokens in each copied span of --kl-recall-frac (at most half the window)")
-    kl_data: str = arg("auto", "what the KL stage fits on: calib (the calibration windows) or chat:CODE (chat-format "
+    kl_data: str = arg("auto", "what the KL stage fits on: calib (the calibration windows), chat:CODE (chat-format "
                                "code tasks of the corpus CODE, e.g. chat:code:calib, in the teacher's chat template, "
-                               "the KL on their answers: lower code PPL, not more HumanEval answers, at the CPU "
-                               "budget); auto: the teacher's default, calib for every built-in teacher")
+                               "with their own functions as the answers), answers:FILE (the teacher's own answers: "
+                               "a samples.jsonl of `tcal instruct`) or answers (those that ship with tcal for a "
+                               "built-in code teacher); the KL is on the answers. auto: the teacher's default, calib "
+                               "for every built-in teacher")
     kl_windows: int | None = arg(None, "chat windows of the KL stage with --kl-data chat:CODE, a quarter held out "
                                        "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
 
@@ -103,13 +105,15 @@ class CalibArgs:
             raise TcalError(f"--kl-recall-span {self.kl_recall_span} needs --calib-window of at least "
                             f"{2 * self.kl_recall_span} tokens, got {self.calib_window}")
         kl_data = self.kl_data.strip()
-        if kl_data not in ("auto", "calib") and not (kl_data.startswith("chat:") and len(kl_data) > len("chat:")):
-            raise TcalError(f"--kl-data must be auto, calib or chat:CODE (e.g. chat:code:calib), got {self.kl_data!r}")
+        if kl_data not in ("auto", "calib", "answers") and not any(
+                kl_data.startswith(p) and len(kl_data) > len(p) for p in ("chat:", "answers:")):
+            raise TcalError(f"--kl-data must be auto, calib, chat:CODE (e.g. chat:code:calib), answers or "
+                            f"answers:FILE, got {self.kl_data!r}")
         if self.kl_windows is not None and self.kl_windows < 2:
             raise TcalError(f"--kl-windows must be at least 2 (a quarter is held out), got {self.kl_windows}")
-        if kl_data.startswith("chat:") and self.kl_recall_frac:
-            raise TcalError("--kl-recall-frac copies spans into the calibration windows, and --kl-data chat:... fits "
-                            "chat windows whose answers a copy would break: use one or the other")
+        if self.chat_kl() and self.kl_recall_frac:
+            raise TcalError(f"--kl-recall-frac copies spans into the calibration windows, and --kl-data {kl_data} "
+                            "fits chat windows whose answers a copy would break: use one or the other")
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
             raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
 
@@ -149,9 +153,14 @@ class CalibArgs:
         return CalibBudget(name, self.calib_windows or b.windows, window, dataclasses.replace(align), kl,
                            self.kl_windows or b.chat_windows, b.chat_window)
 
+    def chat_kl(self) -> bool:
+        """Whether the KL stage fits chat windows of its own (``chat:CODE``, ``answers``, ``answers:FILE``) rather
+        than the calibration windows."""
+        return self.kl_data.strip().startswith(("chat:", "answers"))
+
     def kl_options(self, budget: CalibBudget) -> dict:
         """convert_with_record's KL-stage text arguments for ``budget``: the calibration windows, or chat windows
         (``--kl-data chat:CODE``) unless the budget mixes recall copies into the stage (long)."""
-        if not self.kl_data.startswith("chat:") or budget.kl.recall_frac > 0:
+        if not self.chat_kl() or budget.kl.recall_frac > 0:
             return {}
         return {"kl_data": self.kl_data, "kl_windows": (budget.chat_windows, budget.chat_window)}
