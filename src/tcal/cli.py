@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         hint = " (rerun with --resume to continue from the last checkpoint)" if ns.command in ("distill", "recover") else ""
         print(f"tcal: interrupted{hint}", file=sys.stderr)
         return 130
+    finally:
+        from tcal.utils.atomic import release_locks
+
+        release_locks()  # the output is another run's to write now
     return 0
 
 
