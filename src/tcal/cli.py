@@ -105,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars on every load; tcal shows its own progress
-        run(from_args(cls, ns))
+        cfg = from_args(cls, ns)
+        if isinstance(getattr(cfg, "seed", None), int):  # every command's --seed: one rule, before any work
+            from tcal.utils.flags import check_seed
+
+            check_seed(cfg.seed)
+        run(cfg)
     except TcalError as err:
         print(f"tcal: error: {err}", file=sys.stderr)
         return 2
