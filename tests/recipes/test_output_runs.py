@@ -95,3 +95,28 @@ def test_numbers_that_mean_nothing_and_flags_read_by_nothing_are_one_line_before
     one_error(capsys, message, *distill_args(assets, assets / "d", *extra))
     assert not (assets / "d").exists() and not (assets / "d.partial").exists()
     release_locks()
+
+
+def test_distill_resumes_the_same_files_by_another_spelling_and_refuses_other_files(assets, capsys, monkeypatch):
+    """Before: the same teacher by its absolute path was refused (the advice: delete the progress); the same relative
+    names from another folder resumed against another teacher."""
+    import shutil
+
+    monkeypatch.chdir(assets)
+    rel = ("distill", "hybrid", "--teacher", "teacher", "--data", "train.npy", "--eval", "eval.npy", "--eval-window",
+           32, "--eval-windows", 2, "--seq-len", 32, "--batch-size", 2, "--tokens", 256, "--device", "cpu",
+           "--no-progress", "--out", assets / "d")
+    code, _, err = run(capsys, *rel, "--stop-after-tokens", 64)
+    assert code == 0 and (assets / "d.partial").is_dir(), err
+    other = assets / "elsewhere"
+    other.mkdir()
+    for name in ("hybrid", "train.npy", "eval.npy"):
+        (other / name).symlink_to(assets / name)
+    shutil.copytree(assets / "teacher", other / "teacher")
+    (other / "teacher" / "config.json").write_text((other / "teacher" / "config.json").read_text() + " ")
+    monkeypatch.chdir(other)
+    one_error(capsys, "settings changed (teacher)", *rel, "--resume")
+    monkeypatch.chdir(assets)
+    absolute = [str(assets / a) if a in ("hybrid", "teacher", "train.npy", "eval.npy") else a for a in rel]
+    code, _, err = run(capsys, *absolute, "--resume")
+    assert code == 0 and (assets / "d" / "report.json").is_file() and not (assets / "d.partial").exists(), err

@@ -300,3 +300,39 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_the_earlier_output_stays(
         time.sleep(0)
     assert (out / "model.txt").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# -- resume compares what was read --------------------------------------------------------------------------------------
+
+def test_resume_compares_the_files_read_not_their_spelling(tmp_path, monkeypatch):
+    """Before: the same model by its absolute path was refused; the same relative name from another folder, naming
+    another model, or a model re-converted in place, was resumed (an eval then mixed two models in one report)."""
+    from tcal.utils.partial import read_settings
+
+    for d in ("a", "b"):
+        (tmp_path / d / "model").mkdir(parents=True)
+        (tmp_path / d / "model" / "model.safetensors").write_text(d)
+    out = tmp_path / "ev"
+    monkeypatch.chdir(tmp_path / "a")
+    work = open_work(out, "eval", resumes=False, settings=read_settings({"model": "model"}, ("model",)))
+    work.write_text("ppl.json", "{}")
+    # the same files by another spelling: resumed
+    open_work(out, "eval", resumes=False, settings=read_settings({"model": str(tmp_path / "a" / "model")}, ("model",)))
+    # the same relative name from another folder: another model, refused
+    monkeypatch.chdir(tmp_path / "b")
+    with pytest.raises(TcalError, match=r"settings changed \(model\)"):
+        open_work(out, "eval", resumes=False, settings=read_settings({"model": "model"}, ("model",)))
+    # the model re-converted in place: refused
+    monkeypatch.chdir(tmp_path / "a")
+    (tmp_path / "a" / "model" / "model.safetensors").write_text("a, converted again")
+    with pytest.raises(TcalError, match=r"settings changed \(model\)"):
+        open_work(out, "eval", resumes=False, settings=read_settings({"model": "model"}, ("model",)))
+    assert (work.path / "ppl.json").is_file()
+
+
+def test_settings_without_the_files_read_still_compare_by_value():
+    from tcal.utils.partial import differing, read_settings
+
+    assert read_settings({"teacher": "smollm2-135m", "data": "wiki:calib"}) == {"teacher": "smollm2-135m",
+                                                                             "data": "wiki:calib"}
+    assert differing({"teacher": "x", "lr": 1}, {"teacher": "y", "lr": 1}) == ["teacher"]

@@ -101,9 +101,9 @@ RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", 
 def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     """The settings, other than ``free`` ones, whose values differ between a saved run and now. A run saved
     before a setting existed ran with that setting's default."""
-    defaults = {f.name: f.default for f in fields(TrainOptions)}
-    keys = (set(saved) | set(now)) - set(free)
-    return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
+    from tcal.utils.partial import differing
+
+    return differing(saved, now, free, {f.name: f.default for f in fields(TrainOptions)})
 
 
 def train_readers(cfg: TrainOptions) -> list[Reader]:

@@ -350,10 +350,60 @@ def has_files(work: Work) -> bool:
     return any((work.path / f).exists() for f in work.files)
 
 
-def differing(saved: dict, now: dict, free: Iterable[str] = ()) -> list[str]:
-    """The settings, other than ``free`` ones, whose values differ between a saved run and now."""
-    keys = (set(saved) | set(now)) - set(free)
-    return sorted(k for k in keys if saved.get(k) != now.get(k))
+READ = "read"  # in a run's settings: {setting: identity of the files it named} (read_settings)
+READ_KEYS = ("teacher", "hybrid", "model", "data", "mix_data", "eval")  # the settings that name files a run reads
+
+
+def identity(spec) -> list | None:
+    """What the path ``spec`` names, as it is now: its real path and the size and modification time of the file, or
+    of every file under the folder; None where ``spec`` names no file (a corpus spec, a built-in teacher)."""
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    path = Path(os.path.expanduser(spec))
+    try:
+        if not path.exists():
+            return None
+        real = os.path.realpath(path)
+        if path.is_file():
+            st = path.stat()
+            return [real, st.st_size, st.st_mtime_ns]
+        files = []
+        for dirpath, dirs, names in os.walk(real):
+            dirs.sort()
+            for n in sorted(names):
+                st = os.stat(os.path.join(dirpath, n))
+                files.append([os.path.relpath(os.path.join(dirpath, n), real), st.st_size, st.st_mtime_ns])
+            if len(files) > 10_000:
+                break
+        return [real, files]
+    except OSError:
+        return None
+
+
+def read_settings(settings: dict, keys: Iterable[str] = READ_KEYS) -> dict:
+    """``settings`` with what its path settings name now (:func:`identity`) under :data:`READ`: a resume then
+    compares the files read, not how they were spelled (the same teacher by another path resumes; another teacher
+    by the same relative name from another folder, or a model re-converted in place, is refused)."""
+    read = {k: ident for k in keys if (ident := identity(settings.get(k))) is not None}
+    return {**settings, READ: read} if read else dict(settings)
+
+
+def differing(saved: dict, now: dict, free: Iterable[str] = (), defaults: dict | None = None) -> list[str]:
+    """The settings, other than ``free`` ones, whose values differ between a saved run and now (``defaults``: what a
+    setting missing from one of them was). A setting whose files both name (:func:`read_settings`) differs where
+    those files differ, however it was spelled."""
+    defaults = defaults or {}
+    read_saved = saved.get(READ) if isinstance(saved.get(READ), dict) else {}
+    read_now = now.get(READ) if isinstance(now.get(READ), dict) else {}
+    keys = (set(saved) | set(now)) - set(free) - {READ}
+    diff = []
+    for k in sorted(keys):
+        if k in read_saved or k in read_now:
+            if read_saved.get(k) != read_now.get(k):
+                diff.append(k)
+        elif saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)):
+            diff.append(k)
+    return diff
 
 
 def open_work(out, stage: str, *, settings: dict | None = None, resume: bool = False,
