@@ -8,7 +8,8 @@ atomic swap too, so that a run killed at any moment leaves the old output or the
 is finished in its temporary folder beside ``OUT``; every file of the user's in ``OUT`` (one the manifest does not
 list, at any depth, a link included) is hard-linked into it at the same place, the same file, not a copy; then the
 two folders are exchanged in one ``renameat2(RENAME_EXCHANGE)`` and the old one, now holding only tcal's old files
-and second names of the user's, is deleted. A file of the user's where the new output has one is refused, never
+and second names of the user's, is deleted. (A shell whose current folder is ``OUT`` itself, as with ``--out .``,
+still stands in the old folder afterwards and sees the new output once it enters ``OUT`` again: ``cd "$PWD"``.) A file of the user's where the new output has one is refused, never
 replaced, before anything moves. Where the file system cannot exchange, ``OUT`` is renamed aside
 (``.OUT.old-PID``) and the new folder renamed in: a run killed between those two renames leaves no ``OUT``, and the
 next run on it puts the old one back. Leftovers of killed runs (``.OUT.tmp-*``, ``.OUT.old-*``) are removed by the
@@ -573,12 +574,19 @@ def swap_in(new: str | os.PathLike, out: str | os.PathLike) -> None:
     where the file system has it, else two renames with the old folder kept as ``.OUT.old-PID`` between them (put
     back by the next run where a kill left no ``out``: :func:`tidy_leftovers`)."""
     new, out = Path(new), Path(out)
+    try:
+        here = Path(os.getcwd())
+    except OSError:
+        here = None
     if _exchange(new, out):
         old = new
     else:
         old = out.with_name(f".{short_name(out.name)}.old-{os.getpid()}")
         os.rename(out, old)
         os.rename(new, out)
+    if here is not None and (here == out or out in here.parents):  # --out . : this process goes on in the new folder
+        with contextlib.suppress(OSError):
+            os.chdir(out / here.relative_to(out))
     shutil.rmtree(old, ignore_errors=True)  # tcal's old files, and second names of the user's: never a link followed
 
 
