@@ -105,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # weight-loading bars on every load; tcal shows its own progress
-        run(from_args(cls, ns))
+        cfg = from_args(cls, ns)
+        if isinstance(getattr(cfg, "seed", None), int):  # every command's --seed: one rule, before any work
+            from tcal.utils.flags import check_seed
+
+            check_seed(cfg.seed)
+        run(cfg)
     except TcalError as err:
         print(f"tcal: error: {err}", file=sys.stderr)
         return 2
@@ -118,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         hint = " (rerun with --resume to continue from the last checkpoint)" if ns.command in ("distill", "recover") else ""
         print(f"tcal: interrupted{hint}", file=sys.stderr)
         return 130
+    finally:
+        from tcal.utils.atomic import release_locks
+
+        release_locks()  # the output is another run's to write now
     return 0
 
 

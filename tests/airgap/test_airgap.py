@@ -232,3 +232,37 @@ def test_an_empty_teacher_list_or_a_transfer_size_that_is_no_number_is_one_line(
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tcal: error: ")]
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "carry").exists()
+
+
+@pytest.mark.parametrize("items", [
+    [{"name": "x.tar", "kind": "tar", "dest": "cache:../x", "bytes": 1, "sha256": "0" * 64, "pieces": 1}],
+    [{"name": "x.tar", "kind": "tar", "dest": "stage:/absolute/x", "bytes": 1, "sha256": "0" * 64, "pieces": 1}],
+    [{"name": "../x", "kind": "file", "dest": "stage:x", "bytes": 1, "sha256": "0" * 64, "pieces": 1}],
+    [{"name": "x", "kind": "tar", "dest": "stage:a/../../x", "bytes": 1, "sha256": "0" * 64, "pieces": 1}],
+    [{"kind": "tar"}], ["x"], [{"name": "x", "kind": "tar", "dest": "stage:x", "bytes": "1"}], None,
+])
+def test_a_carry_manifest_that_sends_an_item_out_of_the_stage_or_is_malformed_is_one_line(tmp_path, capsys, items):
+    """Before: stage wrote wherever a manifest's dest said (cache:../x, stage:/absolute/x); malformed items were
+    tracebacks."""
+    from tcal.airgap import carry
+
+    folder = tmp_path / "carry" / "1"
+    folder.mkdir(parents=True)
+    (folder / carry.MANIFEST).write_text(json.dumps({"format": carry.FORMAT, "items": items}))
+    (folder / "x.tar.1-of-1").write_bytes(b"x")
+    assert main(["stage", "--carry", str(folder), "--stage", str(tmp_path / "stage")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("tcal: error: ") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["carry", "stage"] or not (tmp_path / "x").exists()
+
+
+def test_staging_through_a_link_in_the_stage_is_refused(tmp_path):
+    from tcal.airgap import carry
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (stage / "pools").symlink_to(tmp_path / "elsewhere")
+    item = carry.Item("pool-a.tar.xz", "tar", "stage:pools/a")
+    with pytest.raises(TcalError, match="pools is a symbolic link"):
+        carry._dest(item, stage)

@@ -134,26 +134,21 @@ def test_start_partial(tmp_path):
         partial_dir(out).rmdir()
 
 
-def test_a_partial_run_of_a_tcal_before_the_mark_resumes_and_the_users_files_survive(tmp_path):
-    from tcal.utils.partial import MARK, read_mark
-
+def test_an_unmarked_partial_run_holding_a_checkpoint_is_refused_and_the_users_files_survive(tmp_path):
+    """A folder without tcal's mark is refused whatever it holds: before, one holding a checkpoint was adopted by
+    --resume and the user's files in checkpoint/ and best/ were removed."""
     out = tmp_path / "run"
     ck = partial_dir(out) / "checkpoint" / "resume"
     ck.mkdir(parents=True)
     (ck / "state.json").write_text(json.dumps({"config": {"lr": 1e-3}}))  # a checkpoint names its run's settings
     (partial_dir(out) / "checkpoint" / "model.safetensors").write_text("weights")
-    (partial_dir(out) / "notes.txt").write_text("mine")
-    with pytest.raises(TcalError, match="--resume"):
-        start_partial(out, resume=False)
-    with pytest.raises(TcalError, match=r"settings changed \(lr\)"):
-        start_partial(out, resume=True, settings={"lr": 3e-4})
-    work = start_partial(out, resume=True, settings={"lr": 1e-3})
-    assert (work.path / MARK).is_file() and read_mark(work.path)["stage"] == "distill"
-    assert sorted(work.files) == ["checkpoint/model.safetensors", "checkpoint/resume/state.json"]
-    with work.dir("checkpoint") as tmp:  # the next checkpoint replaces the old one whole
-        (tmp / "model.safetensors").write_text("newer")
-    work.discard()  # the run finished: tcal's files go, the user's stay
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["run.partial", "run.partial/notes.txt"]
+    (partial_dir(out) / "best").mkdir()
+    (partial_dir(out) / "best" / "notes.txt").write_text("mine")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    for resume in (False, True):
+        with pytest.raises(TcalError, match="tcal did not write it"):
+            start_partial(out, resume=resume, settings={"lr": 1e-3})
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
 def test_distill_config_maps_to_cli_flags():

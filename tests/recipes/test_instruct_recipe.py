@@ -109,11 +109,12 @@ def test_teacher_answers_are_cut_at_the_end_of_their_code_block_and_resume(chat_
     assert set(answers) == {"```python\nc = a + b\n```"}
     assert sum(calls) == 10
     # an interrupted run: its answers so far are on disk; --resume answers only the rest
-    partial = tmp_path / "again.partial"
-    partial.mkdir()
+    from tcal.utils.partial import Work
+
+    partial = Work(tmp_path / "again.partial", "instruct")  # what the killed run left: tcal's marked folder
     log = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()][:3]
-    (partial / "answers.jsonl").write_text("".join(json.dumps({"key": r["key"], "answer": r["answer"]}) + "\n"
-                                                   for r in log) + '{"key": "cut')
+    partial.write_text("answers.jsonl", "".join(json.dumps({"key": r["key"], "answer": r["answer"]}) + "\n"
+                                                for r in log) + '{"key": "cut')
     calls.clear()
     code, errors, _ = run(capsys, *args[:-3], "--out", str(tmp_path / "again"), "--resume", "--no-progress")
     assert code == 0, errors

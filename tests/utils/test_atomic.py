@@ -3,7 +3,7 @@ import tempfile
 
 import pytest
 
-from tcal.utils.atomic import atomic_dir, check_out, publish_dir
+from tcal.utils.atomic import atomic_dir, check_out, publish_dir, release_locks
 from tcal.utils.errors import TcalError
 
 
@@ -60,6 +60,7 @@ def test_check_out_leaves_nothing_behind(tmp_path):
     assert check_out(tmp_path / "a" / "b", "convert") == tmp_path / "a" / "b"
     (tmp_path / "empty").mkdir()
     assert check_out(tmp_path / "empty", "convert", flag="--dir") == tmp_path / "empty"
+    release_locks()  # the end of the command: its locks go, with the folders made for them
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["empty"]
     (tmp_path / "afile").write_text("x")
     with pytest.raises(TcalError, match=f"cannot write --out {tmp_path}/afile/sub: {tmp_path}/afile is a file"):

@@ -202,23 +202,70 @@ def read_folders(folders: list[Path]) -> dict[str, Item]:
     items = None
     for d in folders:
         try:
-            manifest = json.loads((d / MANIFEST).read_text())
+            manifest = json.loads((d / MANIFEST).read_bytes().decode("utf-8"))
         except (OSError, ValueError):
             raise TcalError(f"{d} holds no readable {MANIFEST}; transfer the folders tcal.airgap pack wrote") from None
-        if manifest.get("format") != FORMAT:
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise TcalError(f"{d / MANIFEST} is not a {FORMAT} manifest; pack again with this version of tcal")
-        got = {i["name"]: Item(**i) for i in manifest["items"]}
+        raw = manifest.get("items")
+        if not isinstance(raw, list):
+            raise TcalError(f"{d / MANIFEST} lists no items; transfer the folders tcal.airgap pack wrote")
+        got = {}
+        for i in raw:
+            item = _item(i, d / MANIFEST)
+            got[item.name] = item
         if items is not None and got != items:
             raise TcalError(f"{d} belongs to another pack than the folders before it; stage one pack at a time")
         items = got
     return items or {}
 
 
+_ITEM_TYPES = {"name": str, "kind": str, "dest": str, "bytes": int, "sha256": str, "pieces": int, "teacher": str}
+
+
+def _item(raw, where: Path) -> Item:
+    """One item of a carry manifest, read as data: each field of its type, a plain file name, a known kind, a
+    ``dest`` that stays inside the cache or the stage; anything else is a one-line refusal."""
+    bad = f"{where} is not a manifest tcal airgap pack wrote"
+    if not isinstance(raw, dict) or set(raw) - set(_ITEM_TYPES) or not {"name", "kind", "dest"} <= set(raw):
+        raise TcalError(f"{bad} (an item is not an object of {', '.join(_ITEM_TYPES)}); pack again")
+    for key, value in raw.items():
+        if not isinstance(value, _ITEM_TYPES[key]) or isinstance(value, bool):
+            raise TcalError(f"{bad} (an item's {key} is not a {_ITEM_TYPES[key].__name__}); pack again")
+    item = Item(**raw)
+    if not _plain_name(item.name) or item.kind not in ("file", "tar", "wheels") or item.bytes < 0 or item.pieces < 0:
+        raise TcalError(f"{bad} (item {item.name!r} of kind {item.kind!r}); pack again")
+    where_to, sep, rel = item.dest.partition(":")
+    if not sep or where_to not in ("cache", "stage") or (rel and not _inside_rel(rel)):
+        raise TcalError(f"{bad} (item {item.name} goes to {item.dest!r}, not inside the cache or the stage); pack "
+                        "again")
+    return item
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..") and "\0" not in name
+
+
+def _inside_rel(rel: str) -> bool:
+    parts = rel.split("/")
+    return not rel.startswith("/") and all(p and p not in (".", "..") and "\0" not in p for p in parts)
+
+
 def _dest(item: Item, stage: Path) -> Path:
+    """Where ``item`` goes: inside the cache or the stage, reached without a link (a link there is refused)."""
     from tcal.utils.cache import cache_root
 
     where, _, rel = item.dest.partition(":")
-    return (cache_root() if where == "cache" else stage) / rel
+    root = cache_root() if where == "cache" else stage
+    if rel and not _inside_rel(rel):
+        raise TcalError(f"{item.name} goes to {item.dest!r}, not inside the {where}; pack again")
+    here = Path(root)
+    for part in rel.split("/") if rel else []:
+        here = here / part
+        if here.is_symlink():
+            raise TcalError(f"{here} is a symbolic link; tcal stages only into folders it reaches without one: "
+                            "move it away and stage again")
+    return here
 
 
 def _done_marker(item: Item, stage: Path) -> Path:

@@ -51,6 +51,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     from tcal.train.trainer import distill
     from tcal.utils.atomic import check_out, written_files
     from tcal.utils.errors import TcalError
+    from tcal.utils.partial import read_settings
     from tcal.utils.runtime import resolve_dtype
 
     main = world.is_main()
@@ -58,7 +59,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     # every argument is checked before a model loads
     resolve_teacher_args(cfg, check=False)  # --eval auto: the teacher's home domain
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
-    settings = dataclasses.asdict(cfg)
+    settings = read_settings(dataclasses.asdict(cfg))  # a resume compares the files read, not their spelling
     if cfg.resume:
         done = C.finished_report(cfg.out)
         if done is not None and not C.has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):

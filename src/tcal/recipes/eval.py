@@ -118,11 +118,13 @@ def run(cfg: EvalConfig):
     kept = {}
     if where is not None:
         from tcal.utils.atomic import check_out
-        from tcal.utils.partial import open_work
+        from tcal.utils.partial import open_work, read_settings
 
         cfg.out = where
         out = check_out(where, "eval", cfg.overwrite)
-        work = open_work(out, "eval", resumes=False, legacy=K.legacy_eval)  # eval resumes whatever it kept
+        # eval resumes whatever it kept, of the same model files only
+        work = open_work(out, "eval", resumes=False, legacy=K.legacy_eval,
+                         settings=read_settings({"model": cfg.model}, ("model",)))
         kept = K.kept_states(work, built)
     for t in built:
         t.check()

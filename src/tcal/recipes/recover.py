@@ -110,9 +110,9 @@ def _open_work(cfg: RecoverConfig, out: Path):
     --resume and the same settings, started over where it holds nothing to resume, refused where tcal did not
     write it."""
     from tcal.train.options import changed_settings
-    from tcal.utils.partial import open_work
+    from tcal.utils.partial import open_work, read_settings
 
-    return open_work(out, "recover", settings=dataclasses.asdict(cfg), resume=cfg.resume,
+    return open_work(out, "recover", settings=read_settings(dataclasses.asdict(cfg)), resume=cfg.resume,
                      progress=lambda w: has_progress(w.path),
                      changed=lambda saved, now: changed_settings(saved, now, free=RESUME_FREE), legacy=legacy_work)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, fields
 
 from tcal.evaluate.assemble import ADDS, RENAMES, Command, OldFlag
 from tcal.evaluate.tasks import task_args
 from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
-from tcal.utils.flags import Reader
+from tcal.utils.flags import Reader, check_seed
 from tcal.utils.schedule import SCHEDULES
 
 TRAIN_SETS = ("gdn", "all")
@@ -100,16 +101,17 @@ RESUME_FREE = {"resume", "max_minutes", "stop_after_tokens", "progress", "out", 
 def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     """The settings, other than ``free`` ones, whose values differ between a saved run and now. A run saved
     before a setting existed ran with that setting's default."""
-    defaults = {f.name: f.default for f in fields(TrainOptions)}
-    keys = (set(saved) | set(now)) - set(free)
-    return sorted(k for k in keys if saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)))
+    from tcal.utils.partial import differing
+
+    return differing(saved, now, free, {f.name: f.default for f in fields(TrainOptions)})
 
 
 def train_readers(cfg: TrainOptions) -> list[Reader]:
     """The training flags that only matter beside another (:mod:`tcal.utils.flags`)."""
     return [Reader("--mix-data", ("mix_frac",), bool(cfg.mix_data.strip())),
             Reader("--recall-frac above 0", ("recall_span",), cfg.recall_frac > 0),
-            Reader("--schedule cosine", ("min_lr_ratio",), cfg.schedule == "cosine")]
+            Reader("--schedule cosine", ("min_lr_ratio",), cfg.schedule == "cosine"),
+            Reader("a run under torchrun", ("dist_timeout", "teacher_placement"), "WORLD_SIZE" in os.environ)]
 
 
 # the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold); the passkey before HumanEval, as
@@ -162,6 +164,18 @@ def check_train_options(cfg: TrainOptions, tokens: int) -> None:
             raise TcalError(f"{flag} must be a finite number, got {value}")
     if cfg.lr <= 0:
         raise TcalError(f"--lr must be positive, got {cfg.lr}")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise TcalError(f"--min-lr-ratio is the final learning rate as a fraction of --lr: in [0, 1], got "
+                        f"{cfg.min_lr_ratio}")
+    for flag, value in (("--weight-decay", cfg.weight_decay), ("--grad-clip", cfg.grad_clip)):
+        if value < 0:
+            raise TcalError(f"{flag} must be >= 0, got {value}")
+    if not (math.isfinite(cfg.max_minutes) and cfg.max_minutes >= 0):
+        raise TcalError(f"--max-minutes must be a number of minutes >= 0 (0 = no limit), got {cfg.max_minutes}")
+    if cfg.stop_after_tokens < 0:
+        raise TcalError(f"--stop-after-tokens must be a number of tokens >= 0 (0 = never), got "
+                        f"{cfg.stop_after_tokens}")
+    check_seed(cfg.seed)
     if cfg.warmup < 0:
         raise TcalError(f"--warmup must be >= 0, got {cfg.warmup}")
     if cfg.eval_every < 1 or cfg.save_every < 1:

@@ -59,3 +59,12 @@ def as_given(cfg):
     """A copy of ``cfg`` as the user gave it: what :func:`refuse_unread` compares with the defaults once the command
     has resolved its ``auto`` settings."""
     return dataclasses.replace(cfg)
+
+
+SEED_LIMIT = 2**64  # torch's and numpy's seeds are unsigned 64-bit numbers
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """A one-line error for a seed no random generator takes (negative, or past 64 bits)."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise TcalError(f"{flag} must be between 0 and 2**64 - 1, got {seed}")

@@ -10,15 +10,20 @@ Every write into the folder goes through :class:`Work`, which records it: :meth:
 :meth:`Work.record` (a file another library appended to or wrote). :func:`open_work` checks the folder before any
 work: it resumes, starts over where nothing could be resumed, or refuses.
 
-Unfinished work from before the mark existed is recognised where it is clearly tcal's (each command says how: its
-``legacy`` function, e.g. a checkpoint whose state names the run's settings) and adopted: those files are recorded,
-nothing else.
+A folder without the mark is refused whatever it holds (a checkpoint included): tcal cannot tell which of its files
+it wrote. A mark is read as data (:func:`read_mark`): one that is not what tcal writes, or that lists a path out of
+the folder, is a one-line refusal and nothing it lists is removed; a recorded file is reached only without passing
+through a link. A mark of an older tcal that listed no files is recognised where the folder is clearly tcal's (each
+command says how: its ``legacy`` function) and those files are recorded, nothing else. What a killed run left in the
+folder (temporary folders, an old checkpoint moved aside) is tidied by the next run that opens it (:meth:`Work.tidy`).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,13 +31,17 @@ from pathlib import Path
 from tcal.utils.atomic import (
     MANIFEST,
     _ancestors,
+    _safe,
     _usual_modes,
     absolute,
+    disk_full_names,
+    inside,
     make_temp_dir,
     owned_files,
     prune,
     publish,
     remove_files,
+    temp_prefix,
     tree_files,
     write_json,
 )
@@ -49,12 +58,34 @@ def partial_dir(out) -> Path:
 
 
 def read_mark(path: Path) -> dict | None:
-    """The mark of a partial folder (None: no readable mark, so not tcal's)."""
-    try:
-        mark = json.loads((Path(path) / MARK).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    """The mark of a partial folder, read as data (None: there is none, so the folder is not tcal's). A mark that is
+    not what tcal writes (not JSON, another shape, a recorded path that leaves the folder) is a one-line refusal:
+    nothing it lists is ever removed."""
+    f = Path(path) / MARK
+    if not (f.exists() or f.is_symlink()):
         return None
-    return mark if isinstance(mark, dict) and isinstance(mark.get("stage"), str) else None
+    bad = f"{f} is not a mark tcal wrote"
+    if f.is_symlink() or not f.is_file():
+        raise TcalError(f"{bad} (not a plain file); move {Path(path)} away or choose another --out")
+    try:
+        mark = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise TcalError(f"{bad} ({getattr(e, 'strerror', None) or 'not JSON text'}); move {Path(path)} away or "
+                        "choose another --out") from None
+    if not (isinstance(mark, dict) and isinstance(mark.get("stage"), str)):
+        raise TcalError(f"{bad} (not an object naming its command); move {Path(path)} away or choose another --out")
+    for key in ("files", "temps"):
+        value = mark.get(key, [])
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise TcalError(f"{bad} (its {key} are not a list of paths); move {Path(path)} away or choose another "
+                            "--out")
+        outside = next((v for v in value if not _inside(v)), None)
+        if outside is not None:
+            raise TcalError(f"{bad} (it lists {outside!r}, not a path inside the folder); move {Path(path)} away or "
+                            "choose another --out")
+    if mark.get("settings") is not None and not isinstance(mark["settings"], dict):
+        raise TcalError(f"{bad} (its settings are not an object); move {Path(path)} away or choose another --out")
+    return mark
 
 
 class Work:
@@ -119,7 +150,8 @@ class Work:
         path = self.path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
+        with disk_full_names(path):
+            tmp.write_text(text)
         os.replace(tmp, path)
         self.record(rel)
         return path
@@ -135,13 +167,16 @@ class Work:
         recorded."""
         self.ensure()
         dst = self.path / rel
+        if not inside(self.path, rel) or dst.is_symlink():
+            raise TcalError(f"{dst} is a symbolic link tcal did not make; move it away and run again")
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(dst.parent, f".{dst.name}.tmp-")
+        tmp = make_temp_dir(dst.parent, temp_prefix(dst))
         tmp_rel = tmp.relative_to(self.path).as_posix()
         self._temps(add=[tmp_rel])
         try:
-            yield tmp
-            _usual_modes(tmp)
+            with disk_full_names(dst):
+                yield tmp
+                _usual_modes(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             self._temps(remove=[tmp_rel])
@@ -179,6 +214,39 @@ class Work:
         mark["files"] = [f for f in mark["files"] if f not in mine]
         self._save(mark)
 
+    def tidy(self) -> list[str]:
+        """Finish what a killed run left here: its temporary folders removed, and an old folder of :meth:`dir` that
+        was moved aside (``.NAME.old-PID``) put back where the new one never came, else emptied into it. Returns
+        what was done, one line each."""
+        if not self.exists:
+            return []
+        done = []
+        mark = self._mark()
+        for t in mark["temps"]:
+            if inside(self.path, t) and (self.path / t).is_dir() and not (self.path / t).is_symlink():
+                shutil.rmtree(self.path / t, ignore_errors=True)
+                done.append(f"removed {t}, left by a killed run")
+        if mark["temps"]:
+            self._temps(remove=mark["temps"])
+        asides = sorted({m.group(0) for f in self._mark()["files"] if (m := _ASIDE.match(f))})
+        for aside_rel in asides:
+            head, _, name = aside_rel.rpartition("/")
+            rel = (head + "/" if head else "") + _ASIDE_NAME.match(name).group(1)
+            aside, dst = self.path / aside_rel, self.path / rel
+            if not inside(self.path, aside_rel) or aside.is_symlink() or not aside.is_dir():
+                continue
+            recorded = [f for f in self._mark()["files"] if f.startswith(aside_rel + "/")]
+            if dst.exists() or dst.is_symlink():
+                self._empty_aside(aside, dst, [rel + f[len(aside_rel):] for f in recorded], rel)
+                done.append(f"removed {aside_rel}, left by a killed run")
+            else:
+                os.replace(aside, dst)
+                mark = self._mark()
+                mark["files"] = [rel + f[len(aside_rel):] if f in recorded else f for f in mark["files"]]
+                self._save(mark)
+                done.append(f"put {rel} back from {aside_rel}, where a killed run had moved it")
+        return done
+
     def _temps(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> None:
         mark = self._mark()
         mark["temps"] = [t for t in mark["temps"] if t not in set(remove)] + list(add)
@@ -201,7 +269,8 @@ class Work:
         recorded files removed first)."""
         self.remove(dst)
         mark = self._mark()
-        moved = [f for f in mark["files"] if f.startswith(src + "/")]
+        moved = [f for f in mark["files"] if f.startswith(src + "/") and inside(self.path, f)
+                 and inside(self.path, dst + f[len(src):])]
         for f in moved:
             to = self.path / (dst + f[len(src):])
             to.parent.mkdir(parents=True, exist_ok=True)
@@ -214,7 +283,8 @@ class Work:
         """Move the recorded files under the folder ``rel`` into the folder ``into`` (a finished output being
         written), forgetting them here."""
         mark = self._mark()
-        moved = [f for f in mark["files"] if f.startswith(rel + "/") and (self.path / f).exists()]
+        moved = [f for f in mark["files"] if f.startswith(rel + "/") and inside(self.path, f)
+                 and ((self.path / f).exists() or (self.path / f).is_symlink())]
         for f in moved:
             to = Path(into) / f[len(rel) + 1:]
             to.parent.mkdir(parents=True, exist_ok=True)
@@ -241,12 +311,13 @@ class Work:
         then discarded. One rename where it holds nothing else and ``out`` does not exist yet."""
         out = absolute(out)
         mark = self._mark()
-        files = [f for f in mark["files"] if (self.path / f).exists() or (self.path / f).is_symlink()]
+        files = [f for f in mark["files"] if inside(self.path, f)
+                 and ((self.path / f).exists() or (self.path / f).is_symlink())]
         others = set(tree_files(self.path, skip=(MARK,))) - set(files)
         if not others and not mark["temps"] and not out.exists():
             (self.path / MARK).unlink()
             return publish(self.path, out, stage=stage or self.stage)
-        tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")  # beside the folder: the same file system
+        tmp = make_temp_dir(out.parent, temp_prefix(out))  # beside the folder: the same file system
         try:
             for f in files:
                 (tmp / f).parent.mkdir(parents=True, exist_ok=True)
@@ -265,9 +336,13 @@ class Work:
 
 
 def _inside(rel: str) -> bool:
-    """A recorded path that stays inside the folder."""
-    parts = rel.split("/")
-    return bool(rel) and ".." not in parts and "" not in parts and not rel.startswith("/")
+    """A recorded path that stays inside the folder (by its spelling; :func:`tcal.utils.atomic.inside` for links)."""
+    return _safe(rel)
+
+
+# an old folder that Work.dir moved aside: (its path up to) .NAME.old-PID
+_ASIDE = re.compile(r"^(?:[^/]+/)*\.[^/]+\.old-\d+(?=/)")
+_ASIDE_NAME = re.compile(r"^\.(.+)\.old-\d+$")
 
 
 def has_files(work: Work) -> bool:
@@ -275,10 +350,60 @@ def has_files(work: Work) -> bool:
     return any((work.path / f).exists() for f in work.files)
 
 
-def differing(saved: dict, now: dict, free: Iterable[str] = ()) -> list[str]:
-    """The settings, other than ``free`` ones, whose values differ between a saved run and now."""
-    keys = (set(saved) | set(now)) - set(free)
-    return sorted(k for k in keys if saved.get(k) != now.get(k))
+READ = "read"  # in a run's settings: {setting: identity of the files it named} (read_settings)
+READ_KEYS = ("teacher", "hybrid", "model", "data", "mix_data", "eval")  # the settings that name files a run reads
+
+
+def identity(spec) -> list | None:
+    """What the path ``spec`` names, as it is now: its real path and the size and modification time of the file, or
+    of every file under the folder; None where ``spec`` names no file (a corpus spec, a built-in teacher)."""
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    path = Path(os.path.expanduser(spec))
+    try:
+        if not path.exists():
+            return None
+        real = os.path.realpath(path)
+        if path.is_file():
+            st = path.stat()
+            return [real, st.st_size, st.st_mtime_ns]
+        files = []
+        for dirpath, dirs, names in os.walk(real):
+            dirs.sort()
+            for n in sorted(names):
+                st = os.stat(os.path.join(dirpath, n))
+                files.append([os.path.relpath(os.path.join(dirpath, n), real), st.st_size, st.st_mtime_ns])
+            if len(files) > 10_000:
+                break
+        return [real, files]
+    except OSError:
+        return None
+
+
+def read_settings(settings: dict, keys: Iterable[str] = READ_KEYS) -> dict:
+    """``settings`` with what its path settings name now (:func:`identity`) under :data:`READ`: a resume then
+    compares the files read, not how they were spelled (the same teacher by another path resumes; another teacher
+    by the same relative name from another folder, or a model re-converted in place, is refused)."""
+    read = {k: ident for k in keys if (ident := identity(settings.get(k))) is not None}
+    return {**settings, READ: read} if read else dict(settings)
+
+
+def differing(saved: dict, now: dict, free: Iterable[str] = (), defaults: dict | None = None) -> list[str]:
+    """The settings, other than ``free`` ones, whose values differ between a saved run and now (``defaults``: what a
+    setting missing from one of them was). A setting whose files both name (:func:`read_settings`) differs where
+    those files differ, however it was spelled."""
+    defaults = defaults or {}
+    read_saved = saved.get(READ) if isinstance(saved.get(READ), dict) else {}
+    read_now = now.get(READ) if isinstance(now.get(READ), dict) else {}
+    keys = (set(saved) | set(now)) - set(free) - {READ}
+    diff = []
+    for k in sorted(keys):
+        if k in read_saved or k in read_now:
+            if read_saved.get(k) != read_now.get(k):
+                diff.append(k)
+        elif saved.get(k, defaults.get(k)) != now.get(k, defaults.get(k)):
+            diff.append(k)
+    return diff
 
 
 def open_work(out, stage: str, *, settings: dict | None = None, resume: bool = False,
@@ -301,7 +426,7 @@ def open_work(out, stage: str, *, settings: dict | None = None, resume: bool = F
     if not (path.exists() or path.is_symlink()):
         return work
     mark = read_mark(path) if path.is_dir() and not path.is_symlink() else None
-    if (mark is None or "files" not in mark) and legacy is not None and path.is_dir() and not path.is_symlink():
+    if mark is not None and "files" not in mark and legacy is not None:  # marked by a tcal that listed no files
         adopted = legacy(path)
         if adopted is not None:
             files, saved = adopted
@@ -315,6 +440,8 @@ def open_work(out, stage: str, *, settings: dict | None = None, resume: bool = F
     if mark.get("stage") != stage:
         raise TcalError(f"{path} holds an unfinished `tcal {mark.get('stage')}`, not `tcal {stage}`; choose another "
                         "--out, or finish that run first")
+    for line in work.tidy():
+        logging.getLogger(__name__).info(line)
     if not progress(work):
         work.discard()
         return Work(path, stage, settings)
