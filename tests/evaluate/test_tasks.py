@@ -39,7 +39,9 @@ def test_a_malformed_task_list_is_one_line(text, message):
 
 
 def test_the_registry_holds_every_task_once_and_builds_one_task_per_kind():
-    assert set(T.TASKS) == {"ppl", "niah", "humaneval", "lm-eval", "answer_kl"}
+    from test_registries import BUILT_INS
+
+    assert BUILT_INS["tasks"] <= set(T.TASKS)
     for name in ("passkey", "single", "cwe", "niah", "tcal_cloze", "lm-eval/hellaswag", "humaneval", "ppl",
                  "answer_kl"):
         assert sum(t.accepts(name) for t in T.TASKS.values()) == 1, name
