@@ -34,11 +34,19 @@ def tiny_teacher(family: str = "llama", seed: int = 0, **over):
     return model.eval()
 
 
-def target_hybrid(family: str = "llama", *, short_conv: bool = False, seed: int = 0, keep=(0, 2), **over):
-    """(a hybrid built for the Qwen3.5 layout, its teacher), keeping ``keep``, with every GDN parameter moved off
-    its initial value: a copy init leaves the gates at defaults an export could get wrong unnoticed."""
+def tiny_keep(family: str) -> list[int]:
+    """The layers a family's tests keep as attention in its tiny model (``Family.tiny_keep``: its special layers
+    among them, a layer without RoPE or a global one)."""
+    return list(families.get(family).tiny_keep)
+
+
+def target_hybrid(family: str = "llama", *, short_conv: bool = False, seed: int = 0, keep=None, **over):
+    """(a hybrid built for the Qwen3.5 layout, its teacher), keeping ``keep`` (default: the family's
+    :func:`tiny_keep`), with every GDN parameter moved off its initial value: a copy init leaves the gates at
+    defaults an export could get wrong unnoticed."""
     import tcal
 
+    keep = tiny_keep(family) if keep is None else keep
     teacher = tiny_teacher(family, **over)
     hybrid = tcal.convert(teacher, keep=list(keep), init="copy", target="qwen3_5", use_short_conv=short_conv)
     gen = torch.Generator().manual_seed(seed)

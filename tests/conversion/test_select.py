@@ -12,10 +12,10 @@ from tcal.conversion.select import (
     Selection,
     SelectionConfig,
     ar_scores,
-    assemble,
     ga_scores,
     gdn_for_every_layer,
     select_layers,
+    student_of,
 )
 from tcal.utils.errors import TcalError
 
@@ -145,7 +145,7 @@ def test_assemble_swaps_and_restores_even_on_error():
     originals = [layer.self_attn for layer in teacher.model.layers]
     modules = gdn_for_every_layer(teacher, "copy")
     assert sorted(modules) == [0, 1, 2, 3] and all(m.layer_idx == i for i, m in modules.items())
-    with pytest.raises(RuntimeError), assemble(teacher, [1], modules) as student:
+    with pytest.raises(RuntimeError), student_of(teacher, [1], modules) as student:
         assert [type(layer.self_attn).__name__ for layer in student.model.layers] == [
             "GatedDeltaNet", "LlamaAttention", "GatedDeltaNet", "GatedDeltaNet"]
         raise RuntimeError("boom")
@@ -354,7 +354,7 @@ def test_answer_selection_scores_the_answers_with_each_attention_layer_removed(t
     assert sel.layers == top_k(sel.scores, 2, largest=True)
     # each score is the answer NLL of the teacher with that one layer's attention output zeroed
     base = answer_nll(teacher, ids, mask)
-    with assemble(teacher, [0, 2, 3], {1: _Zero()}):
+    with student_of(teacher, [0, 2, 3], {1: _Zero()}):
         assert answer_nll(teacher, ids, mask) == pytest.approx(sel.scores[1], rel=1e-5)
     assert base not in sel.scores
     assert select_layers(teacher, "answer:2", tokenizer=tok, cfg=cfg, progress=False).cached

@@ -1,7 +1,7 @@
 """Surgery: teacher + kept layers -> hybrid with every teacher weight in place and copied projections."""
 import pytest
 import torch
-from helpers import tiny_teacher
+from helpers import tiny_keep, tiny_teacher
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import tcal
@@ -19,15 +19,15 @@ KEEP = [0, 2]
 
 
 def test_kept_layers_and_shared_weights_bit_identical(family):
-    teacher = tiny_teacher(family)
-    hybrid = tcal.convert(teacher, keep=KEEP, init="copy")
+    teacher, keep = tiny_teacher(family), tiny_keep(family)
+    hybrid = tcal.convert(teacher, keep=keep, init="copy")
     t_state, h_state = teacher.state_dict(), hybrid.state_dict()
-    converted = tuple(f"model.layers.{i}.self_attn." for i in (1, 3))
+    converted = tuple(f"model.layers.{i}.self_attn." for i in range(4) if i not in keep)
     shared = [k for k in t_state if not k.startswith(converted)]
     assert len(shared) > 10
     for key in shared:
         assert torch.equal(t_state[key], h_state[key]), key
-    assert hybrid.config.layer_types == ["full_attention", "linear_attention", "full_attention", "linear_attention"]
+    assert hybrid.config.layer_types == ["full_attention" if i in keep else "linear_attention" for i in range(4)]
 
 
 def test_copy_init_repeats_kv_rows_and_carries_bias_and_norm(family):

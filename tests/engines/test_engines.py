@@ -10,17 +10,22 @@ from tcal.utils.errors import TcalError
 
 
 def test_every_export_engine_has_a_rule_a_serve_command_and_a_check():
-    assert [e.key for e in engines.export_engines("hf")] == ["transformers", "vllm", "sglang"]
-    assert [e.key for e in engines.export_engines("gguf")] == ["llama.cpp"]
+    for fmt in ("hf", "gguf"):
+        assert engines.export_engines(fmt) == [e for e in engines.ENGINES.values() if e.reads == fmt]
     for e in engines.ENGINES.values():
-        assert e.checked and (e.rule is None) == (e.serve is None) == (e.reads == "tcal")
-    assert engines.GENERATING == ("tcal", "llama.cpp")
+        assert e.checked and (e.rule is None) == (e.serve is None) == e.uses_model
+    assert engines.GENERATING == tuple(k for k, e in engines.ENGINES.items() if e.generates)
 
 
 def test_eval_takes_the_generating_engines():
+    from tcal.cli import build_parser
     from tcal.recipes.eval import EvalConfig
 
-    assert EvalConfig.__dataclass_fields__["engine"].metadata["choices"] == engines.GENERATING
+    flag = EvalConfig.extra_args()["engine"][1]
+    assert flag.metadata["choices"] == engines.GENERATING
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["eval"].format_help().split())
+    for key in engines.GENERATING:  # --engine's help names every generating engine, from the registry
+        assert f"{key} ({engines.get(key).opens})" in text
 
 
 def test_parse_engines_names_the_format_each_engine_reads():

@@ -54,22 +54,66 @@ def test_the_generating_engines_have_runners_and_the_others_none():
         engines.get("tgi")
     # every bench row names an engine tcal runs: the tcal rows the model it loads, the others an export's file
     assert {engines.get(r.engine).generates for r in BENCH_ROWS.values()} == {True}
-    assert {r.reads for r in BENCH_ROWS.values()} == {"tcal", "gguf"}
+    assert {r.reads for r in BENCH_ROWS.values()} <= {e.reads for e in engines.ENGINES.values()}
 
 
-def test_both_engines_open_the_same_hybrid_and_write_the_same_greedy_text(exported):
+def opened(engine, exported):
+    """``engine``'s generator on the exported hybrid: the loaded model where the engine runs it, else the export of
+    the format it reads, found by its runner (an engine that needs software not installed here is skipped)."""
     hybrid, tok, root = exported
-    tcal_engine, llama = engines.get("tcal"), engines.get("llama.cpp")
-    assert tcal_engine.runner.locate(str(root / "hybrid")) is None  # it runs the model the command loaded
-    path = llama.runner.locate(str(root / "gguf"))
-    assert path == root / "gguf" / "model-f32.gguf"
-    with tcal_engine.runner.open(hybrid, tok, batch_size=2) as gen:
+    try:
+        engine.runner.require(f"--engine {engine.key}")
+    except TcalError as e:
+        pytest.skip(f"{engine.key} is not installed here: {e}")
+    if engine.uses_model:
+        assert engine.runner.locate(str(root / "hybrid")) is None  # it runs the model the command loaded
+        return engine.runner.open(hybrid, tok, batch_size=2)
+    out = root / engine.reads
+    if not out.exists():
+        more = ("--gguf-type", "f32") if engine.reads == "gguf" else ()
+        assert main([str(a) for a in ("export", root / "hybrid", "--format", engine.reads, *more, "--out", out)]) == 0
+    return engine.runner.open(engine.runner.locate(str(out)), tok, threads=1)
+
+
+@pytest.mark.parametrize("key", engines.GENERATING)
+def test_every_generating_engine_writes_tcals_greedy_text(exported, key):
+    hybrid, tok, _ = exported
+    with engines.get("tcal").runner.open(hybrid, tok, batch_size=2) as gen:
         ours = gen.generate(PROMPTS, STOPS, max_new_tokens=24)
-        assert gen.where.startswith("tcal (transformers), float32 on cpu") and gen.tokenizer is tok
-    with llama.runner.open(path, threads=1) as gen:
+    with opened(engines.get(key), exported) as gen:
         theirs = gen.generate(PROMPTS, STOPS, max_new_tokens=24)
-        assert gen.where == "llama.cpp (llama-cpp-python), model-f32.gguf" and gen.tokenizer.eos_token == "<|end|>"
+        assert gen.where and gen.tokenizer is not None
     assert all(same_greedy_text(cut(a), cut(b)) for a, b in zip(ours, theirs, strict=True))
+
+
+def page_engine():
+    """The generating engine of docs/extending.md (*Adding an engine*), as the page gives it."""
+    import re
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    code = re.search(r"```python\n# tcal/engines/hfgen\.py[^\n]*\n(.*?)```", page, re.S).group(1)
+    module = types.ModuleType("hfgen")
+    exec(compile(code, "hfgen.py", "exec"), module.__dict__)
+    return module.ENGINE
+
+
+def test_the_pages_generating_engine_writes_tcals_greedy_text(exported, monkeypatch):
+    engine = page_engine()
+    monkeypatch.setitem(engines.ENGINES, engine.key, engine)
+    assert engine.generates and not engine.uses_model
+    test_every_generating_engine_writes_tcals_greedy_text(exported, engine.key)
+
+
+def test_both_engines_say_what_ran_the_model(exported):
+    hybrid, tok, root = exported
+    with engines.get("tcal").runner.open(hybrid, tok, batch_size=2) as gen:
+        assert gen.where.startswith("tcal (transformers), float32 on cpu") and gen.tokenizer is tok
+    path = engines.get("llama.cpp").runner.locate(str(root / "gguf"))
+    assert path == root / "gguf" / "model-f32.gguf"
+    with engines.get("llama.cpp").runner.open(path, threads=1) as gen:
+        assert gen.where == "llama.cpp (llama-cpp-python), model-f32.gguf" and gen.tokenizer.eos_token == "<|end|>"
 
 
 def test_the_llama_cpp_runner_locates_one_gguf(exported, tmp_path):

@@ -2,7 +2,7 @@
 teacher family, and the export refuses what the layout cannot hold."""
 import pytest
 import torch
-from helpers import assert_close, target_hybrid, tiny_teacher
+from helpers import assert_close, target_hybrid, tiny_keep, tiny_teacher
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 import tcal
@@ -34,7 +34,7 @@ def test_target_hybrid_has_only_what_the_layout_holds(family):
         assert all(getattr(gdn, n).bias is None for n in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"))
         assert not hasattr(gdn, "q_norm") and gdn.o_norm.eps == LAYOUT_EPS
     assert blocker(hybrid) is None
-    for i in KEEP:  # kept layers are the teacher's, weights untouched
+    for i in tiny_keep(family):  # kept layers are the teacher's, weights untouched
         for k, v in teacher.model.layers[i].state_dict().items():
             assert torch.equal(hybrid.model.layers[i].state_dict()[k], v), k
 

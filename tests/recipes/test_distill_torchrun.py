@@ -45,11 +45,12 @@ def test_torchrun_distill_pauses_and_resumes_in_one_process(assets, tmp_path):
     assert json.loads((partial / "report.partial.json").read_text())["world_size"] == 2
     # the rest in one process: the same curve and weights as one uninterrupted process
     from tcal.cli import build_parser
+    from tcal.utils.command_config import from_args
 
     def cfg(args):
         ns = build_parser().parse_args(["distill", *args])
         ns.hybrid = ns.positional
-        return DistillConfig(**{k: getattr(ns, k) for k in DistillConfig.__dataclass_fields__})
+        return from_args(DistillConfig, ns)
 
     rep = run(cfg(flags(assets, out) + ["--resume"]))
     assert rep["status"] == "done" and rep["segments"] == 2 and rep["world_size"] == 1

@@ -174,7 +174,8 @@ def convert_with_record(
     """:func:`convert`, also returning what was done (the record written into reports)."""
     spec = get_init(init)
     # resolved (auto) and checked before any model work: a teacher the target cannot express fails here
-    target = target_options(target, teacher.config)[0]
+    asked = target
+    target = target_options(target, teacher.config, None if isinstance(keep, str) else list(keep))[0]
     gdn_options, init_options = split_options(options)
     record: dict = {"init": spec.name, "target": target, "timings": {}}
     data_name = "calib_ids" if calib_ids is not None else str(calib)
@@ -191,6 +192,7 @@ def convert_with_record(
                             calib_ids=ids if get_init(cfg.init).calibrated else None)
         keep = sel.layers
         record["selection"] = asdict(sel)
+        record["target"] = target = target_options(asked, teacher.config, keep)[0]  # the family's rule, these layers
     record["timings"]["select_s"] = time.perf_counter() - t0
     note = global_layers_note(getattr(teacher.config, "layer_types", None), list(keep))
     if note:

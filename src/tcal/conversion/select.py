@@ -190,7 +190,7 @@ def gdn_for_every_layer(teacher, init: str, calib_ids=None, *, seed: int = 0, pr
 
 
 @contextlib.contextmanager
-def assemble(teacher, keep: list[int], modules: dict):
+def student_of(teacher, keep: list[int], modules: dict):
     """Within the block, the teacher is the student keeping ``keep`` as attention and ``modules``
     (layer -> GDN) everywhere else; its own attention modules are put back afterwards."""
     layers = teacher.model.layers
@@ -211,7 +211,7 @@ def ga_scores(teacher, windows: torch.Tensor, modules: dict, *, batch_size: int 
     """Held-out PPL of the student that keeps only layer i as attention, for every i."""
     scores = []
     for i in tqdm(range(len(teacher.model.layers)), desc="ga: score one-attention students", disable=not progress):
-        with assemble(teacher, [i], modules) as student:
+        with student_of(teacher, [i], modules) as student:
             scores.append(window_ppl(student, windows, batch_size=batch_size, progress=False))
     return scores
 

@@ -58,7 +58,7 @@ def hybrid_config_for(teacher: PreTrainedModel, keep: Sequence[int], target: str
     attn = fam.attention_weights(teacher.model.layers[keep[0]].self_attn)
     teacher_types = getattr(tcfg, "layer_types", None) or [FULL] * tcfg.num_hidden_layers
     layer_types = [teacher_types[i] if i in keep else LINEAR for i in range(tcfg.num_hidden_layers)]
-    target, fixed, base_over = target_options(target, tcfg)
+    target, fixed, base_over = target_options(target, tcfg, keep)
     base = {**tcfg.to_dict(), **base_over}
     options = {
         "gdn_qkv_bias": attn.q_bias is not None,

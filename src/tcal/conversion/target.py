@@ -17,6 +17,8 @@ SGLang, llama.cpp). What the target changes, and why:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tcal import families
 from tcal.utils.errors import TcalError
 
@@ -38,46 +40,34 @@ def check_target(target: str) -> str:
     return target
 
 
-def layout_blocker(config) -> str | None:
-    """Why the Qwen3.5 layout cannot express a model of this teacher config (one line), or None.
-
-    The layout's MLP and GDN conv both take ``hidden_act`` (SiLU), its MLP has no bias and its attention
-    no sliding window."""
-    family = getattr(config, "model_type", None)
-    fam = families.find(family)
-    if fam is None or not fam.layout:  # which families' decoder layers it holds: tcal.families, Family.layout
-        return (f"the teacher is a {family!r} model; the Qwen3.5 layout holds {families.supported(lambda f: f.layout)} "
-                "decoder layers (two norms per layer, a SiLU MLP, unscaled embeddings)")
-    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None) or "silu"
-    if act != "silu":
-        return f"the teacher's activation is {act!r}; the Qwen3.5 layout uses SiLU in its MLP and GDN layers"
-    if getattr(config, "mlp_bias", False):
-        return "the teacher's MLP has biases (mlp_bias=True); the Qwen3.5 layout's MLP has none"
-    window = getattr(config, "sliding_window", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    # a window as long as the model's positions never slides
-    windowed = window is not None and getattr(config, "use_sliding_window", True) and not (limit and window >= limit)
-    if windowed or "sliding_attention" in (getattr(config, "layer_types", None) or []):
-        return (f"the teacher's attention uses a sliding window ({window} tokens); the Qwen3.5 layout has none "
-                "(set sliding_window to null in the teacher's config.json if the model works without it)")
-    return None
+def layout_blocker(config, attention: Sequence[int] | None = None) -> str | None:
+    """Why the Qwen3.5 layout cannot express a hybrid of this teacher config keeping ``attention`` as attention
+    layers (None: whichever are kept), in one line, or None: the family's rule (:meth:`tcal.families.Family.
+    layout_blocker`: its ``layout``, the common rules, its own ``layout_rule``)."""
+    fam = families.find(families.model_type(config))
+    if fam is None:
+        return (f"the teacher is a {families.model_type(config)!r} model; the Qwen3.5 layout holds "
+                f"{families.supported(lambda f: f.layout)} decoder layers")
+    return fam.layout_blocker(config, attention)
 
 
-def resolve_target(target: str, config) -> str:
-    """``auto`` -> qwen3_5 where the layout expresses the teacher, else native; the others as they are."""
+def resolve_target(target: str, config, attention: Sequence[int] | None = None) -> str:
+    """``auto`` -> qwen3_5 where the layout expresses the teacher keeping ``attention`` as attention layers, else
+    native; the others as they are."""
     check_target(target)
     if target == "auto":
-        return "native" if layout_blocker(config) else "qwen3_5"
+        return "native" if layout_blocker(config, attention) else "qwen3_5"
     return target
 
 
-def target_options(target: str, config) -> tuple[str, dict, dict]:
+def target_options(target: str, config, attention: Sequence[int] | None = None) -> tuple[str, dict, dict]:
     """(the resolved target, HybridConfig gdn_* options, teacher-config overrides) that build a hybrid for
-    ``target``. The native target changes nothing. Raises a TcalError when the teacher cannot be expressed."""
-    target = resolve_target(target, config)
+    ``target`` keeping ``attention`` as attention layers. The native target changes nothing. Raises a TcalError
+    when the teacher cannot be expressed."""
+    target = resolve_target(target, config, attention)
     if target == "native":
         return target, {}, {}
-    blocker = layout_blocker(config)
+    blocker = layout_blocker(config, attention)
     if blocker:
         raise TcalError(f"--target qwen3_5: {blocker}; convert with --target native")
     gdn = dict(gdn_qkv_bias=False, gdn_o_bias=False, gdn_qk_norm=False, gdn_beta_bias=False,

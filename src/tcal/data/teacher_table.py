@@ -250,9 +250,3 @@ def default_eval(teacher: str) -> list[str]:
 def default_convert_keep(teacher: str, budget: str) -> str:
     """:meth:`TeacherRef.convert_keep` of ``teacher``."""
     return TeacherRef(teacher).convert_keep(budget)
-
-
-def default_kl_data(teacher: str) -> str:
-    """:attr:`TeacherRef.kl_data` of ``teacher``."""
-    return TeacherRef(teacher).kl_data
-

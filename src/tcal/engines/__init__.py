@@ -27,12 +27,12 @@ from tcal.engines.rules import (
 from tcal.engines.runners import LlamaCppRunner, TcalRunner
 
 __all__ = ["CANNOT", "ENGINES", "EXACT", "GENERATING", "ROUNDING", "Engine", "EngineRow", "Facts", "Generator",
-           "Runner", "engine_table", "export_engines", "get", "parse_engines", "required_blocker", "serve_commands",
+           "Runner", "engine_table", "export_engines", "generating_help", "get", "parse_engines", "required_blocker", "serve_commands",
            "table_record"]
 
 ENGINES: dict[str, Engine] = {e.key: e for e in (
     Engine("tcal", "tcal", "tcal", "the model as tcal loads it (transformers with tcal's classes): every test",
-           runner=TcalRunner()),
+           runner=TcalRunner(), opens="the model as tcal and transformers run it"),
     Engine("transformers", "transformers", "hf", "tcal export reloads the checkpoint in transformers and compares "
            "logits (float32 and bfloat16) and tokenisation; the tests do so in a process without tcal",
            transformers_row, serve_transformers),
@@ -42,10 +42,16 @@ ENGINES: dict[str, Engine] = {e.key: e for e in (
            sglang_row, serve_sglang),
     Engine("llama.cpp", "llama.cpp", "gguf", "tcal export reloads the GGUF in llama.cpp (llama-cpp-python, through "
            "tcal.engines.llamacpp) and compares logits and tokenisation", llama_cpp_row, serve_llama_cpp,
-           runner=LlamaCppRunner()),
+           runner=LlamaCppRunner(),
+           opens="a GGUF: a .gguf file, a tcal export --format gguf directory, or a built-in teacher's own GGUF"),
 )}
 # tcal eval --engine
 GENERATING = tuple(k for k, e in ENGINES.items() if e.generates)
+
+
+def generating_help() -> str:
+    """--engine's help: every engine that generates and what it generates with."""
+    return " or ".join(f"{k} ({ENGINES[k].opens})" if ENGINES[k].opens else k for k in GENERATING)
 
 
 def get(key: str) -> Engine:

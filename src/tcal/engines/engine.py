@@ -96,10 +96,12 @@ class Runner:
         generation."""
         raise NotImplementedError(f"{type(self).__name__} does not generate")
 
-    def bench(self, name: str, path, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
-              threads: int | None = None, device: str = "cpu") -> list[dict]:
-        """``tcal bench``'s rows of an export at ``path`` run in this engine, one per context:
-        {"model": name, "context", "prefill_tok_s", "decode_ms", ...}."""
+    def bench(self, name: str, model, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
+              threads: int | None = None, device: str = "cpu", cache_len: int | None = None) -> list[dict]:
+        """``tcal bench``'s rows of ``model`` run in this engine, one per context: {"model": name, "context",
+        "prefill_tok_s", "decode_ms", ...}. ``model``: the export written for the engine (a GGUF's path), or the
+        model the command loaded where the engine :attr:`Engine.uses_model`; ``cache_len``: the longest context any
+        row reaches (one compiled cache for all of them)."""
         raise NotImplementedError(f"{type(self).__name__} does not time exports")
 
 
@@ -112,8 +114,14 @@ class Engine:
     rule: Callable[[Facts, dict | None], EngineRow] | None = None  # how it runs an export (None: not an export engine)
     serve: Callable[[str, Facts], str] | None = None  # the command that serves an export written to a directory
     runner: Runner | None = None  # how tcal runs it itself (None: tcal checks it, but does not run it)
+    opens: str = ""  # what it generates with, for --engine's help: "a GGUF: a .gguf file, ..."
 
     @property
     def generates(self) -> bool:
         """``tcal eval --engine`` generates with it (HumanEval)."""
         return self.runner is not None
+
+    @property
+    def uses_model(self) -> bool:
+        """It runs the model the command loads (its dtype and device are the command's), not a file of its own."""
+        return self.reads == "tcal"

@@ -15,6 +15,15 @@ class TcalRunner(Runner):
 
         return TcalGenerator(model, tokenizer, batch_size or default_batch_size(model))
 
+    def bench(self, name: str, model, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
+              threads: int | None = None, device: str = "cpu", cache_len: int | None = None) -> list[dict]:
+        """The row ``name`` (:data:`tcal.engines.rows.BENCH_ROWS`: eager, FastDecoder, compiled, generate) of the
+        loaded ``model`` on its own device, one per context (an error row where one fails)."""
+        from tcal.evaluate import speed
+
+        return [speed.measure_row(name, model, ctx, decode_tokens=decode_tokens, reps=reps,
+                                  compiled_cache_len=cache_len) for ctx in contexts]
+
 
 class LlamaCppRunner(Runner):
     """A GGUF in llama.cpp: the whole model as llama.cpp users run it (weights, tokenizer, chat template)."""
@@ -55,13 +64,13 @@ class LlamaCppRunner(Runner):
 
         return LlamaCppGenerator.open(model, threads=threads)
 
-    def bench(self, name: str, path, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
-              threads: int | None = None, device: str = "cpu") -> list[dict]:
-        """On the GPU (every layer offloaded) when llama.cpp was built with CUDA and ``device`` is one, else on
+    def bench(self, name: str, model, contexts: list[int], *, decode_tokens: int, reps: int, vocab_size: int,
+              threads: int | None = None, device: str = "cpu", cache_len: int | None = None) -> list[dict]:
+        """``model``: the GGUF's path. On the GPU (every layer offloaded) when llama.cpp was built with CUDA and ``device`` is one, else on
         ``threads`` CPU threads."""
         from tcal.engines.llamacpp import gpu_offload
         from tcal.engines.llamacpp_speed import gguf_rows
 
         gpu = -1 if device.startswith("cuda") and gpu_offload() else 0
-        return gguf_rows(name, path, contexts, decode_tokens=decode_tokens, reps=reps, vocab_size=vocab_size,
+        return gguf_rows(name, model, contexts, decode_tokens=decode_tokens, reps=reps, vocab_size=vocab_size,
                          threads=threads, gpu_layers=gpu)

@@ -31,7 +31,7 @@ from tcal.export.qwen3_5 import LLAMA_CPP_ARCH as ARCH
 from tcal.export.qwen3_5 import check_layout, to_qwen3_5
 from tcal.export.vocab import GGUFVocab, check_rows
 from tcal.families.family import GGUF_TOP_NAMES
-from tcal.families.rope import PLAIN_ROPE, rope_parameters
+from tcal.families.rope import PLAIN_ROPE, GGUFRope, rope_parameters
 from tcal.utils.errors import TcalError
 
 # 4-bit types: llama.cpp's llama_ftype of each (llama.h), made by its quantiser from the f16 file
@@ -127,9 +127,11 @@ def _add(w, gname: str, t: torch.Tensor, qtype):
 
 
 def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vocab: GGUFVocab, file_type: str,
-               *, name: str = "tcal hybrid", scaled: tuple[str, ...] = (), progress: bool = False) -> dict:
+               *, name: str = "tcal hybrid", scaled: tuple[str, ...] = (), progress: bool = False,
+               rope: GGUFRope = PLAIN_ROPE) -> dict:
     """Write ``path``; returns {gguf tensor name: type name}. ``scaled``: transformers names of the tensors that
-    carry a linearised norm's scale (kept f32 where the file type cannot hold them)."""
+    carry a linearised norm's scale (kept f32 where the file type cannot hold them). ``rope``: the teacher family's
+    rule for the RoPE a GGUF holds (``Family.gguf_rope``; plain RoPE unless the family says more)."""
     import gguf
 
     if file_type not in FILE_TYPES:
@@ -138,8 +140,8 @@ def write_gguf(path: Path, config: dict, state_dict: dict[str, torch.Tensor], vo
         raise TcalError(f"write_gguf writes {', '.join(t for t in FILE_TYPES if t not in QUANTISED)}; {file_type} is "
                         "llama.cpp's quantiser applied to an f16 file (export_gguf does both)")
     check_rows(vocab, config["vocab_size"])
-    rope = config["rope_parameters"]
-    why = PLAIN_ROPE.blocker(rope, ARCH)  # qwen35 loads no RoPE tensor: plain RoPE whatever the family
+    rope_rule, rope = rope, config["rope_parameters"]
+    why = rope_rule.blocker(rope, ARCH)  # the family's rule; qwen35 loads no RoPE tensor
     if why:
         raise TcalError(f"{why}: export --format hf instead")
     L = config["num_hidden_layers"]
@@ -250,16 +252,17 @@ def export_gguf(model, path: Path, file_type: str, vocab: GGUFVocab | None = Non
     from tcal.export.vocab import no_vocab
 
     check_layout(model, "gguf")
+    rule = families.of(model.config).gguf_rope
     layout = to_qwen3_5(model)
     vocab = vocab or no_vocab()
     if file_type not in QUANTISED:
         types = write_gguf(path, layout.config, layout.state_dict, vocab, file_type, name=name, scaled=layout.scaled,
-                           progress=progress)
+                           progress=progress, rope=rule)
         return layout, types
     f16 = path.with_name(f".{path.name}.f16")
     try:
         types = write_gguf(f16, layout.config, layout.state_dict, vocab, "f16", name=name, scaled=layout.scaled,
-                           progress=progress)
+                           progress=progress, rope=rule)
         with quiet_llama_cpp():
             quantise(f16, path, file_type, _keep_patterns(types))
     finally:

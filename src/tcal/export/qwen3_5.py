@@ -104,9 +104,11 @@ def blocker(model) -> str | None:
 
 
 def teacher_blocker(model) -> str | None:
-    """Why the layout cannot hold any hybrid of this model's teacher (its family, activation, MLP biases, sliding
-    window: no conversion target changes these), or None."""
-    return layout_blocker(_Source.of(model).base)
+    """Why the layout cannot hold this hybrid of its teacher (its family, activation, MLP biases, sliding window,
+    and the family's own rule for the layers it keeps as attention: no conversion target changes these), or
+    None."""
+    src = _Source.of(model)
+    return layout_blocker(src.base, src.attention_layers)
 
 
 def _gdn_blocker(src: _Source) -> str | None:

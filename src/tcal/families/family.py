@@ -13,7 +13,7 @@ light.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tcal.families.rope import PLAIN_ROPE, GGUFRope, rope_parameters
@@ -106,8 +106,15 @@ class Family:
     # how the GGUFs tcal writes hold its RoPE, a plain teacher's and a hybrid's (plain RoPE only unless it says more)
     gguf_rope: GGUFRope = PLAIN_ROPE
     # the Qwen3.5 layout holds its decoder layers (two norms per layer, a SiLU MLP, unscaled embeddings): the
-    # qwen3_5 target and tcal export; tcal.conversion.target checks the rest (activation, MLP bias, sliding window)
+    # qwen3_5 target and tcal export; the common rules (activation, MLP bias, sliding window: common_layout_blocker)
+    # check a config's fields, and the family's own ``layout_rule`` (config, the layers kept as attention or None
+    # where not known yet) -> why the layout cannot hold them (one line) or None, what only its module knows (layers
+    # without RoPE, another attention)
     layout: bool = True
+    layout_rule: Callable[[object, Sequence[int] | None], str | None] | None = None
+    # the layers the family's tests keep as attention in its tiny model (tests/helpers.py): its special layers among
+    # them (a layer without RoPE, a global layer between sliding ones), so that the kept layers' mapping is tested
+    tiny_keep: tuple[int, ...] = (0, 2)
     fast_decoder: bool = True  # tcal.models.fast.FastDecoder runs it (tested)
     # the model_type of a vision-language checkpoint whose text decoder is a model of this family
     vision_language: str | None = None
@@ -173,6 +180,14 @@ class Family:
         """A teacher tensor as llama.cpp stores it under ``gguf_name`` (the family's hook, if it has one)."""
         return tensor if self.gguf_tensor is None else self.gguf_tensor(gguf_name, tensor, config)
 
+    def layout_blocker(self, config, attention: Sequence[int] | None = None) -> str | None:
+        """Why the Qwen3.5 layout cannot hold a hybrid of this family's ``config`` keeping ``attention`` as attention
+        layers (None: any layers), in one line, or None: the family's ``layout``, the common rules, then its own
+        ``layout_rule``."""
+        if not self.layout:
+            return _not_layout(self)
+        return common_layout_blocker(config) or (self.layout_rule(config, attention) if self.layout_rule else None)
+
     def gguf_rope_blocker(self, config, arch: str) -> str | None:
         """Why a GGUF of llama.cpp's architecture ``arch`` cannot hold the RoPE of ``config`` (one line), or None."""
         return self.gguf_rope.blocker(rope_parameters(config), arch)
@@ -186,6 +201,33 @@ class Family:
         half = tensor.shape[0] // 2
         return [(name.replace(f".{fused}.", f".{LLAMA_MLP.gate}."), tensor[:half]),
                 (name.replace(f".{fused}.", f".{LLAMA_MLP.up}."), tensor[half:])]
+
+
+def _not_layout(fam: Family) -> str:
+    from tcal import families
+
+    return (f"the teacher is a {fam.model_type!r} model; the Qwen3.5 layout holds "
+            f"{families.supported(lambda f: f.layout)} decoder layers (two norms per layer, a SiLU MLP, unscaled "
+            "embeddings)")
+
+
+def common_layout_blocker(config) -> str | None:
+    """What keeps the Qwen3.5 layout from any model of ``config`` whatever its family (one line), or None: the
+    layout's MLP and GDN conv both take ``hidden_act`` (SiLU), its MLP has no bias and its attention no sliding
+    window."""
+    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None) or "silu"
+    if act != "silu":
+        return f"the teacher's activation is {act!r}; the Qwen3.5 layout uses SiLU in its MLP and GDN layers"
+    if getattr(config, "mlp_bias", False):
+        return "the teacher's MLP has biases (mlp_bias=True); the Qwen3.5 layout's MLP has none"
+    window = getattr(config, "sliding_window", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    # a window as long as the model's positions never slides
+    windowed = window is not None and getattr(config, "use_sliding_window", True) and not (limit and window >= limit)
+    if windowed or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return (f"the teacher's attention uses a sliding window ({window} tokens); the Qwen3.5 layout has none "
+                "(set sliding_window to null in the teacher's config.json if the model works without it)")
+    return None
 
 
 LLAMA_MLP = Mlp()  # the separate projections' names, which the Qwen3.5 layout and llama.cpp's writers map from

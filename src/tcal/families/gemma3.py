@@ -26,6 +26,7 @@ FAMILY = Family(
     name="gemma3", model_type="gemma3_text", title="Gemma 3",
     config_class="Gemma3TextConfig", causal_lm_class="Gemma3ForCausalLM",
     zero_centred_norms=True, gguf_architecture="gemma3", layout=False, vision_language="gemma3",
+    tiny_keep=(0, 3),  # a sliding layer and the tiny model's global one
     shapes={"gemma3-270m": dict(_SHAPE, hidden_size=640, intermediate_size=2048, num_hidden_layers=18),
             "gemma3-1b": dict(_SHAPE, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26)},
     tiny=_tiny,

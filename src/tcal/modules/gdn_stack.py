@@ -50,9 +50,6 @@ class GDNStack(nn.Module):
         """The stacked (G, ...) tensor of the layers' parameter ``name`` (e.g. ``"q_proj.weight"``)."""
         return self.params[_key(name)]
 
-    def named_stacked(self):
-        return [(n, self.param(n)) for n in self.names]
-
     @torch.no_grad()
     def write_back(self) -> None:
         """Copy each layer's slice of the stacked parameters into that layer."""

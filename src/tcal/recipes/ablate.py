@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from tcal.conversion.policy import KEEP_HELP
-from tcal.evaluate.assemble import ADDS, SIZES, Command, OldFlag
+from tcal.evaluate.plan import ADDS, SIZES, Command, OldFlag
 from tcal.evaluate.tasks import task_args
 from tcal.taylor.budget import CalibArgs
 from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
@@ -60,7 +60,7 @@ class AblateConfig(task_args(for_eval=False), TeacherArgs, CalibArgs, EvalArgs, 
     progress: bool = arg(True, "progress bars")
 
 
-# the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold)
+# the old spellings of --tasks: what each stands for (tcal.evaluate.plan.fold)
 OLD_FLAGS = (OldFlag("humaneval", ADDS, "humaneval"), OldFlag("humaneval_limit", SIZES, "humaneval", "count"))
 ABLATE = Command("tcal ablate", teacher=True, old=OLD_FLAGS)
 
@@ -74,20 +74,25 @@ def _check(cfg: AblateConfig):
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
     from tcal.data.tokens import mixture_parts
-    from tcal.evaluate.assemble import assemble, held_out, readers, run_words
+    from tcal.evaluate.plan import held_out, plan
     from tcal.utils.atomic import check_out
-    from tcal.utils.flags import as_given, refuse_unread
+    from tcal.utils.flags import as_given
     from tcal.utils.runtime import resolve_device
 
-    given = as_given(cfg)
-    tasks = assemble(cfg, ABLATE, progress=cfg.progress)
-    resolve_teacher_args(cfg, every_eval=True)
-    out = check_out(cfg.out, "ablate", cfg.overwrite)
-    inits = parse_inits(cfg.inits)
-    recall = cfg.recall_on(resolve_device(cfg.device))
-    refuse_unread(given, [*init_readers(inits, recall=recall, chat=cfg.chat_kl() and not recall),
-                          *readers(tasks, cfg, ABLATE)],
-                  run_words(ABLATE, tasks, f"tcal ablate --inits {','.join(inits)}"))
+    given, inits, found = as_given(cfg), parse_inits(cfg.inits), {}
+
+    def readers(built):
+        """Who reads the init flags, once the tasks passed the code-execution gate and the teacher's ``auto`` flags
+        are resolved (the KL data is the teacher's)."""
+        resolve_teacher_args(cfg, every_eval=True)
+        found["out"] = check_out(cfg.out, "ablate", cfg.overwrite)
+        recall = cfg.recall_on(resolve_device(cfg.device))
+        return init_readers(inits, recall=recall, chat=cfg.chat_kl() and not recall)
+
+    # HumanEval's problems are fetched and checked here, before the teacher loads
+    tasks = plan(cfg, ABLATE, given=given, readers=readers, where=f"tcal ablate --inits {','.join(inits)}",
+                 progress=cfg.progress)
+    out = found["out"]
     parse_policy(parse_keep(cfg.keep), num_layers=None)
     cfg.check_calib()
     cfg.check_eval()
@@ -95,8 +100,6 @@ def _check(cfg: AblateConfig):
     for spec in mixture_parts(cfg.calib):
         as_corpus(spec)
     held_out(cfg.eval_list(), cfg.eval_window, 1).check()
-    for t in tasks:
-        t.check()  # HumanEval's problems fetched and checked before the teacher loads
     check_no_eval_text(cfg.calib, cfg.eval_list() + [t for task in tasks for t in task.texts()],
                        role="calibration data")
     return out, inits, tasks
@@ -108,7 +111,8 @@ def run(cfg: AblateConfig) -> dict:
     from tcal.conversion.policy import parse_keep
     from tcal.conversion.select import SelectionConfig, select_layers
     from tcal.data.teachers import load_teacher
-    from tcal.evaluate.assemble import held_out
+    from tcal.evaluate.plan import held_out
+    from tcal.evaluate.tasks import settings
     from tcal.report.plots import plot_ablation
     from tcal.taylor.pipeline import prepare
     from tcal.utils.atomic import atomic_dir, write_json, written_files
@@ -213,7 +217,7 @@ def run(cfg: AblateConfig) -> dict:
         plot_ablation(result, tmp / "ablation.png", baselines=BASELINES)
         if calibration is not None:
             write_json(tmp / "teacher_stats.json", calibration.stats.to_dict())
-        write_json(tmp / "tcal_config.json", {"stage": "ablate", **dataclasses.asdict(cfg)})
+        write_json(tmp / "tcal_config.json", {"stage": "ablate", **settings(cfg)})
     print(ablation_markdown(result))
     print(f"wrote {cfg.out} ({result['total_s']:.0f} s): {', '.join(written_files(out))}")
     return result

@@ -291,6 +291,7 @@ def run(cfg: BenchConfig) -> dict:
     import torch
     from tqdm.auto import tqdm
 
+    from tcal.engines import get
     from tcal.evaluate import speed
     from tcal.report.plots import plot_bench
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
@@ -313,8 +314,8 @@ def run(cfg: BenchConfig) -> dict:
         result = {"settings": settings, "environment": speed.environment(p.device), "model": about, "rows": [],
                   "batched": [], "check": None, "weight_read_floor": _floors(speed, about.pop("weight_bytes"))}
         max_cache = max(p.contexts) + cfg.decode_tokens + 16  # one StaticCache size: one compile for every context
-        cells = [(name, ctx) for ctx in p.contexts for name in p.rows if BENCH_ROWS[name].reads == "tcal"]
-        exported = [r for r in p.rows if BENCH_ROWS[r].reads != "tcal"]
+        cells = [(name, ctx) for ctx in p.contexts for name in p.rows if get(BENCH_ROWS[name].engine).uses_model]
+        exported = [r for r in p.rows if not get(BENCH_ROWS[r].engine).uses_model]
         batched = [(name, b) for b in p.batch_sizes for name in p.rows if BENCH_ROWS[name].batched]
         models = {"teacher": teacher, "hybrid": hybrid}
         bar = tqdm(total=len(cells) + len(batched) + len(exported) + int(cfg.check), desc="bench", unit="cell",
@@ -329,14 +330,17 @@ def run(cfg: BenchConfig) -> dict:
                     result["check"] = {"context": p.contexts[0], "steps": CHECK_STEPS, "error": speed.error_line(e)}
                     say(f"check @ {p.contexts[0]} tokens: {result['check']['error']}")
                 bar.update()
-            for name, ctx in cells:
+            for name, ctx in cells:  # the rows of the engines that run the loaded model, through their runners
                 bar.set_postfix_str(f"{name} @ {ctx}")
                 model = models[BENCH_ROWS[name].model]
-                row = speed.measure_row(name, model, ctx, decode_tokens=cfg.decode_tokens, reps=cfg.reps,
-                                        compiled_cache_len=max_cache)
-                if "error" in row:
-                    say(f"{name} @ {ctx} tokens: {row['error']}")
-                result["rows"].append(row)
+                rows = get(BENCH_ROWS[name].engine).runner.bench(
+                    name, model, [ctx], decode_tokens=cfg.decode_tokens, reps=cfg.reps,
+                    vocab_size=model.config.vocab_size, threads=cfg.threads or None, device=p.device,
+                    cache_len=max_cache)
+                for row in rows:
+                    if "error" in row:
+                        say(f"{name} @ {ctx} tokens: {row['error']}")
+                result["rows"] += rows
                 bar.update()
             for name, b in batched:
                 bar.set_postfix_str(f"{name} B={b} @ {cfg.batch_context}")

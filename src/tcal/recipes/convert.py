@@ -53,7 +53,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.data.overlap import check_no_eval_text
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
-    from tcal.evaluate.assemble import held_out
+    from tcal.evaluate.plan import held_out
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.flags import Reader, as_given, refuse_unread
     from tcal.utils.runtime import peak_memory, resolve_dtype

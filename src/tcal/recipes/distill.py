@@ -11,7 +11,6 @@ alone creates, writes and removes directories, writes reports and prints (see
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -41,7 +40,8 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     from tcal.conversion.resolve import resolve_teacher_args
     from tcal.data.teachers import load_tokenizer_dir
     from tcal.data.tokens import window_prefix
-    from tcal.evaluate.assemble import held_out
+    from tcal.evaluate.plan import held_out
+    from tcal.evaluate.tasks import settings as as_record
     from tcal.report.distill_report import human_bytes, run_files
     from tcal.train import checkpoint as C
     from tcal.train import distributed as D
@@ -59,7 +59,7 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
     # every argument is checked before a model loads
     resolve_teacher_args(cfg, check=False)  # --eval auto: the teacher's home domain
     D.check_batch_split(cfg.batch_size, cfg.micro_batch, world.world_size)
-    settings = read_settings(dataclasses.asdict(cfg))  # a resume compares the files read, not their spelling
+    settings = read_settings(as_record(cfg))  # a resume compares the files read, not their spelling
     if cfg.resume:
         done = C.finished_report(cfg.out)
         if done is not None and not C.has_checkpoint(cfg.out) and not changed_settings(done.get("config", {}), settings):

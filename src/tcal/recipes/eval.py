@@ -15,10 +15,9 @@ The old spellings (``--task``, ``--lm-eval``, ``--lengths``, ``--samples``, ``--
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from tcal.evaluate.assemble import NAMES, SIZES, Command, OldFlag
+from tcal.evaluate.plan import NAMES, SIZES, Command, OldFlag
 from tcal.evaluate.task import TaskSpec
 from tcal.evaluate.tasks import task_args
 from tcal.evaluate.tasks.lm_eval import spelled
@@ -50,7 +49,7 @@ class EvalConfig(task_args(for_eval=True), DeviceArgs, OutArgs):
     windows: int | None = arg(None, "deprecated, use --tasks ppl:N: perplexity windows")
 
 
-# the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold)
+# the old spellings of --tasks: what each stands for (tcal.evaluate.plan.fold)
 OLD_FLAGS = (OldFlag("task", NAMES), OldFlag("lm_eval", NAMES, spell=spelled),
              OldFlag("lengths", SIZES, "niah", "lengths"), OldFlag("samples", SIZES, "niah", "count"),
              OldFlag("limit", SIZES, "humaneval", "count"), OldFlag("lm_eval_limit", SIZES, "lm-eval", "count"),
@@ -59,13 +58,23 @@ EVAL = Command("", whole=True, default=(TaskSpec("ppl"),), old=OLD_FLAGS, settin
 
 
 def build_tasks(cfg: EvalConfig):
-    """This run's tasks, every argument checked before any file is written or model loaded but their inputs (those
-    are read by :meth:`Task.check`, after the output directory is checked)."""
-    from tcal.evaluate.assemble import assemble
+    """This run's tasks (:func:`tcal.evaluate.plan.plan`), every argument checked before any file is written or model
+    loaded but their inputs (those are read by :meth:`Task.check`, after the output directory is checked)."""
+    from tcal.evaluate.plan import plan
     from tcal.utils.errors import TcalError
+    from tcal.utils.flags import Reader
 
-    built = assemble(cfg, EVAL, model=cfg.model, data=cfg.data, dtype=cfg.dtype, progress=cfg.progress)
-    check_flags(cfg, built)
+    def readers(built):  # flags that only matter where a task loads the model or the run writes its report
+        return [Reader("the tasks that load the model", ("dtype", "device"), False),
+                Reader("a run that writes its report (--out)", ("overwrite",), output(cfg, built) is not None)]
+
+    built = plan(cfg, EVAL, readers=readers, check=False, model=cfg.model, data=cfg.data, dtype=cfg.dtype,
+                 progress=cfg.progress)
+    if not any("model" in t.reads for t in built) and cfg.model != EvalConfig().model:
+        from tcal.evaluate.plan import run_words
+
+        raise TcalError(f"this run ({run_words(EVAL, built)}) scores answers already written: no model is read, so "
+                        f"drop MODEL ({cfg.model})")
     if any(t.uses_model for t in built):
         from tcal.utils.runtime import resolve_device
 
@@ -86,22 +95,6 @@ def output(cfg: EvalConfig, built) -> str | None:
     if cfg.out:
         return cfg.out
     return DEFAULT_OUT if any(not t.prints for t in built) else None
-
-
-def check_flags(cfg: EvalConfig, built) -> None:
-    """A flag no task of this run reads is an error, not silently ignored (:mod:`tcal.utils.flags`); MODEL too where
-    no task reads a model."""
-    from tcal.evaluate.assemble import readers, run_words
-    from tcal.utils.errors import TcalError
-    from tcal.utils.flags import Reader, refuse_unread
-
-    run_name = run_words(EVAL, built)
-    refuse_unread(cfg, [*readers(built, cfg, EVAL), Reader("the tasks that load the model", ("dtype", "device"), False),
-                        Reader("a run that writes its report (--out)", ("overwrite",),
-                               output(cfg, built) is not None)], run_name)
-    if not any("model" in t.reads for t in built) and cfg.model != EvalConfig().model:
-        raise TcalError(f"this run ({run_name}) scores answers already written: no model is read, so drop MODEL "
-                        f"({cfg.model})")
 
 
 def run(cfg: EvalConfig):
@@ -166,6 +159,7 @@ def _load(cfg: EvalConfig, built):
 
 def _finish(cfg: EvalConfig, out, work, built, results) -> None:
     from tcal.evaluate.task import join_tasks
+    from tcal.evaluate.tasks import settings
     from tcal.utils.atomic import atomic_dir, write_json, written_files
 
     files = {t.name: t.report(results[t.name], cfg.model) for t in built}
@@ -178,7 +172,7 @@ def _finish(cfg: EvalConfig, out, work, built, results) -> None:
             else:
                 write_json(tmp / name, content)
         # the tasks as --tasks spells them, whichever spelling the run was given
-        write_json(tmp / "tcal_config.json", {"stage": "eval", **dataclasses.asdict(cfg),
+        write_json(tmp / "tcal_config.json", {"stage": "eval", **settings(cfg),
                                               "tasks": join_tasks([s for t in built for s in t.specs])})
     work.discard()  # tcal's own unfinished work, now finished
     for t in built:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tcal.evaluate.tasks import settings as as_record
 from tcal.taylor.budget import CalibArgs
 from tcal.train.options import SCHEDULES, DistillConfig, TrainOptions
 from tcal.utils.command_config import GDNArgs, OutArgs, TeacherArgs, arg
@@ -66,7 +67,7 @@ def _start(cfg: RecoverConfig, world, tasks, given):
     from tcal.conversion.policy import parse_keep, parse_policy
     from tcal.data.corpora import check_disjoint
     from tcal.data.overlap import check_no_eval_text
-    from tcal.evaluate.assemble import run_words
+    from tcal.evaluate.plan import run_words
     from tcal.train import distributed as D
     from tcal.train.data import check_training_data
     from tcal.train.options import CURVE
@@ -112,7 +113,7 @@ def _open_work(cfg: RecoverConfig, out: Path):
     from tcal.train.options import changed_settings
     from tcal.utils.partial import open_work, read_settings
 
-    return open_work(out, "recover", settings=read_settings(dataclasses.asdict(cfg)), resume=cfg.resume,
+    return open_work(out, "recover", settings=read_settings(as_record(cfg)), resume=cfg.resume,
                      progress=lambda w: has_progress(w.path),
                      changed=lambda saved, now: changed_settings(saved, now, free=RESUME_FREE), legacy=legacy_work)
 
@@ -239,7 +240,7 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     import torch
 
     from tcal.data.tokens import window_prefix
-    from tcal.evaluate.assemble import held_out
+    from tcal.evaluate.plan import held_out
     from tcal.report.distill_report import run_files
     from tcal.train import checkpoint as C
     from tcal.train import distributed as D
@@ -287,12 +288,12 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
         dcfg = _distill_config(cfg, init, run_dir)
         if deadline is not None:  # a positive remainder: at worst the run checkpoints right after step 0
             dcfg.max_minutes = max((deadline - time.time()) / 60, 1e-6)
-        partial = D.on_main(world, lambda: C.start_partial(run_dir, True, dataclasses.asdict(dcfg)))
+        partial = D.on_main(world, lambda: C.start_partial(run_dir, True, as_record(dcfg)))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
                                   teacher_probes=next((r["teacher_probes"] for r in reports.values()
                                                        if r.get("teacher_probes")), None),
-                                  settings=dataclasses.asdict(dcfg), callback=callback, world=world,
+                                  settings=as_record(dcfg), callback=callback, world=world,
                                   probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens,
                                   best_by=best_column(tasks))
         report.update(budget_tokens=cfg.tokens, data=data_info, init=init)
@@ -365,7 +366,7 @@ def _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, 
                   title=f"{cfg.teacher}, attention kept at {cfg.keep}")
     work.record("recovery.png")
     work.write_text("report.md", _report_markdown(cfg, summary, md))
-    work.write_json("tcal_config.json", {"stage": "recover", **dataclasses.asdict(cfg)})
+    work.write_json("tcal_config.json", {"stage": "recover", **as_record(cfg)})
     for name in ("recover_config.json", "teacher_ppl.json"):  # what a resumed run reads, not a result
         work.remove(name)
     out = work.publish(cfg.out)

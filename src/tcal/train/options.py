@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from tcal.evaluate.assemble import ADDS, RENAMES, Command, OldFlag
-from tcal.evaluate.tasks import task_args
+from tcal.evaluate.plan import ADDS, RENAMES, Command, OldFlag
+from tcal.evaluate.tasks import settings, task_args
 from tcal.utils.command_config import DeviceArgs, EvalArgs, OutArgs, TeacherArgs, arg
 from tcal.utils.errors import TcalError
 from tcal.utils.flags import Reader, check_seed
@@ -103,7 +103,7 @@ def changed_settings(saved: dict, now: dict, free=RESUME_FREE) -> list[str]:
     before a setting existed ran with that setting's default."""
     from tcal.utils.partial import differing
 
-    return differing(saved, now, free, {f.name: f.default for f in fields(TrainOptions)})
+    return differing(saved, now, free, settings(TrainOptions()))
 
 
 def train_readers(cfg: TrainOptions) -> list[Reader]:
@@ -114,7 +114,7 @@ def train_readers(cfg: TrainOptions) -> list[Reader]:
             Reader("a run under torchrun", ("dist_timeout", "teacher_placement"), "WORLD_SIZE" in os.environ)]
 
 
-# the old spellings of --tasks: what each stands for (tcal.evaluate.assemble.fold); the passkey before HumanEval, as
+# the old spellings of --tasks: what each stands for (tcal.evaluate.plan.fold); the passkey before HumanEval, as
 # their columns always came
 OLD_FLAGS = (OldFlag("eval_passkey", ADDS, "passkey", "lengths", count_from="eval_passkey_samples"),
              OldFlag("eval_humaneval", ADDS, "humaneval", "count"), OldFlag("eval_passkey_haystack", RENAMES, "haystack"))
@@ -122,18 +122,12 @@ CURVE = Command("tcal distill", teacher=True, old=OLD_FLAGS)
 
 
 def curve_tasks(cfg: TrainOptions, where: str) -> list:
-    """The tasks every curve point of ``where`` (tcal distill, tcal recover) scores (:mod:`tcal.evaluate.assemble`):
+    """The tasks every curve point of ``where`` (tcal distill, tcal recover) scores (:func:`tcal.evaluate.plan.plan`):
     ``--tasks`` and its old spellings, and ``answer_kl`` wherever ``--data`` is an instruct set with development tasks
     (the best checkpoint's rule). Built, behind the one code-execution gate, and checked, before any model loads."""
-    from tcal.evaluate.assemble import assemble, readers, run_words
-    from tcal.utils.flags import refuse_unread
+    from tcal.evaluate.plan import plan
 
-    command = dataclasses.replace(CURVE, name=where)
-    built = assemble(cfg, command, data=str(cfg.data))
-    refuse_unread(cfg, [*train_readers(cfg), *readers(built, cfg, command)], run_words(command, built))
-    for t in built:
-        t.check()
-    return built
+    return plan(cfg, dataclasses.replace(CURVE, name=where), readers=train_readers(cfg), data=str(cfg.data))
 
 
 def check_train_options(cfg: TrainOptions, tokens: int) -> None:

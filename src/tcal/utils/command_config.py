@@ -22,27 +22,36 @@ def _scalar_type(kind):
     return args[0] if args else kind
 
 
+def _add_flag(parser: argparse.ArgumentParser, name: str, kind, f: dataclasses.Field) -> None:
+    flag = "--" + name.replace("_", "-")
+    help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help strings
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if kind is bool:
+        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        return
+    base = _scalar_type(kind)
+    parser.add_argument(flag, dest=name, type=base if base in (int, float, str) else str, default=default,
+                        choices=f.metadata.get("choices"),
+                        help=f"{help_text} (default: {str(default).replace('%', '%%')})")
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """``cls``'s fields as flags (but those in ``skip`` and those whose metadata says ``flag=False``), then the flags
+    its ``extra_args()`` names where it has one: {name: (type, field)}, read when the parser is made (the task flags
+    of :class:`tcal.evaluate.tasks.TaskArgs`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        help_text = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help strings
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)
-            continue
-        base = _scalar_type(kind)
-        parser.add_argument(flag, dest=f.name, type=base if base in (int, float, str) else str, default=default,
-                            choices=f.metadata.get("choices"),
-                            help=f"{help_text} (default: {str(default).replace('%', '%%')})")
+        if f.name not in skip and f.metadata.get("flag", True):
+            _add_flag(parser, f.name, hints[f.name], f)
+    for name, (kind, f) in (cls.extra_args() if hasattr(cls, "extra_args") else {}).items():
+        _add_flag(parser, name, kind, f)
 
 
 def from_args(cls, ns: argparse.Namespace, **overrides):
-    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)
+              if f.metadata.get("flag", True) and hasattr(ns, f.name)}
+    if hasattr(cls, "extra_values"):
+        values.update(cls.extra_values({k: v for k, v in vars(ns).items()}))
     values.update(overrides)
     return cls(**values)
 

@@ -1,8 +1,10 @@
 """The evaluation tasks: one module (or package, its library beside it) per kind of task, each holding its
 :class:`~tcal.evaluate.task.Task` subclass as ``TASK``; the package finds them when it is imported, and
 :func:`register` adds one from anywhere else. The tasks' flags are theirs too: each task declares the flags it reads
-(:class:`~tcal.evaluate.task.Option`), and :func:`task_args` makes them the flags of every command that evaluates.
-A command turns its flags into its tasks in one call (:func:`tcal.evaluate.assemble.assemble`); underneath::
+(:class:`~tcal.evaluate.task.Option`), and a command whose config derives from :class:`TaskArgs` (``tcal eval``:
+:class:`EvalTaskArgs`) takes every registered task's flags, read from the registry when its command line is made, so
+a task registered before the command runs has its flags whatever the order of the imports. A command turns its flags
+into its tasks in one call (:func:`tcal.evaluate.plan.plan`); underneath::
 
     from tcal.evaluate import tasks
     built = tasks.build(parse_tasks("humaneval:20,single@1024"), tasks.options(cfg))  # one Task per kind, in order
@@ -16,6 +18,7 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Sequence
+from typing import ClassVar
 
 from tcal.evaluate.task import (
     CODE_EXECUTION_HELP,
@@ -32,8 +35,8 @@ from tcal.utils.command_config import arg
 from tcal.utils.errors import TcalError
 from tcal.utils.flags import Reader
 
-__all__ = ["TASKS", "Task", "build", "check_code_execution", "find", "flags", "listing", "names", "options", "readers",
-           "register", "task_args"]
+__all__ = ["TASKS", "EvalTaskArgs", "Task", "TaskArgs", "build", "check_code_execution", "find", "flags", "listing",
+           "names", "options", "readers", "register", "task_args"]
 
 
 def _discover() -> dict[str, type[Task]]:
@@ -47,8 +50,6 @@ def _discover() -> dict[str, type[Task]]:
 
 # name -> Task class
 TASKS: dict[str, type[Task]] = {}
-# the commands' flag sets made so far ({for_eval: dataclass}); a task registered later may declare no new flag
-_ARGS: dict[bool, type] = {}
 
 
 def _check_options(task: type[Task], known: dict[str, Option]) -> None:
@@ -70,22 +71,14 @@ def _check_options(task: type[Task], known: dict[str, Option]) -> None:
 
 
 def register(task: type[Task]) -> type[Task]:
-    """Add a task kind (a :class:`Task` subclass) under its name; a name or alias is registered once. A task that
-    declares a flag no registered task has registers before the commands are imported (their flags are made once,
-    from the tasks registered then)."""
+    """Add a task kind (a :class:`Task` subclass) under its name; a name or alias is registered once. Its flags are
+    every command's from then on (a command reads the registry when it makes its command line and its config)."""
     if not (isinstance(task, type) and issubclass(task, Task) and task.name):
         raise TcalError(f"{task!r} is not a Task subclass with a name")
     taken = [n for n in (task.name, *task.aliases) for t in TASKS.values() if t is not task and t.accepts(n)]
     if taken:
         raise TcalError(f"task name {taken[0]!r} is taken; register {task.__name__} under another name")
     _check_options(task, {o.name: o for t in TASKS.values() if t is not task for o in t.flags()})
-    new = [o.name for for_eval, cls in _ARGS.items() for o in task.flags()
-           if (for_eval or (task.curve and not o.eval_only))
-           and o.name not in {f.name for f in dataclasses.fields(cls)}]
-    if new:
-        raise TcalError(f"task {task.name} declares --{new[0].replace('_', '-')}, and the commands' flags were made "
-                        f"before it was registered: register {task.__name__} before importing tcal's commands, or "
-                        "put its module in tcal/evaluate/tasks/")
     TASKS[task.name] = task
     return task
 
@@ -118,22 +111,74 @@ def flags(for_eval: bool) -> dict[str, Option]:
             for name, decl in found.items()}
 
 
+@dataclasses.dataclass
+class TaskArgs:
+    """The task flags of a command that scores curve points or ablation rows (``tcal ablate``, ``distill``,
+    ``recover``): ``--tasks``, ``--allow-code-execution`` and the flags its tasks declare (:func:`flags`), which
+    are no dataclass fields: the command line adds them from the registry as it is now (:meth:`extra_args`), their
+    given values stay in ``task_flags`` and read as attributes (``cfg.haystack``), each task flag's default where
+    it was not given. :func:`settings` writes them as fields."""
+
+    for_eval: ClassVar[bool] = False
+    tasks: str = arg("", TASKS_HELP)
+    allow_code_execution: bool = arg(False, CODE_EXECUTION_HELP)
+    task_flags: dict = dataclasses.field(default_factory=dict, metadata={"flag": False})
+
+    def __getattr__(self, name: str):
+        if name != "task_flags" and not name.startswith("__"):
+            declared = flags(type(self).for_eval)
+            if name in declared:
+                return self.__dict__.get("task_flags", {}).get(name, declared[name].default)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def extra_args(cls) -> dict[str, tuple[type, dataclasses.Field]]:
+        """The task flags the command line adds to the config's fields (:mod:`tcal.utils.command_config`): every
+        registered task's of this command's scope but those the command declares itself."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        out = {}
+        for o in flags(cls.for_eval).values():
+            if o.name not in own:
+                out[o.name] = (o.type if o.default is not None else o.type | None,
+                               arg(o.default, o.help, **({"choices": o.choices} if o.choices else {})))
+        return out
+
+    @classmethod
+    def extra_values(cls, values: dict) -> dict:
+        """The config's keyword arguments for the task flags' ``values`` (by name): those given away from their
+        defaults."""
+        extra = cls.extra_args()
+        return {"task_flags": {k: v for k, v in values.items() if k in extra and v != extra[k][1].default}}
+
+
+@dataclasses.dataclass
+class EvalTaskArgs(TaskArgs):
+    """``tcal eval``'s task flags: every task's, those of how a whole evaluation runs too."""
+
+    for_eval: ClassVar[bool] = True
+
+
 def task_args(for_eval: bool) -> type:
-    """The task flags of a command as a dataclass its config derives from: ``--tasks``, ``--allow-code-execution`` and
-    every task's flags (:func:`flags`), made once from the tasks registered then."""
-    if for_eval not in _ARGS:
-        fields = [("tasks", str, arg("", TASKS_HELP)), ("allow_code_execution", bool, arg(False, CODE_EXECUTION_HELP))]
-        for o in flags(for_eval).values():
-            kind = o.type if o.default is not None else o.type | None
-            fields.append((o.name, kind, arg(o.default, o.help, **({"choices": o.choices} if o.choices else {}))))
-        _ARGS[for_eval] = dataclasses.make_dataclass("EvalTaskArgs" if for_eval else "TaskArgs", fields)
-    return _ARGS[for_eval]
+    """The task flags of a command as a dataclass its config derives from (:class:`TaskArgs`, :class:`EvalTaskArgs`
+    for ``tcal eval``)."""
+    return EvalTaskArgs if for_eval else TaskArgs
 
 
 def task_flags(cfg) -> tuple[str, ...]:
-    """The task flags of ``cfg``'s command (its task_args fields but ``--tasks``)."""
-    mine = next((cls for cls in _ARGS.values() if isinstance(cfg, cls)), None)
-    return tuple(f.name for f in dataclasses.fields(mine) if f.name != "tasks") if mine else ()
+    """The task flags of ``cfg``'s command: ``--allow-code-execution`` and those its tasks declare."""
+    if not isinstance(cfg, TaskArgs):
+        return ()
+    return ("allow_code_execution", *flags(type(cfg).for_eval))
+
+
+def settings(cfg) -> dict:
+    """``cfg`` as a record (``tcal_config.json``, a resumed run's settings): its fields, a task flag each, given or
+    not, in the place of ``task_flags``."""
+    record = dataclasses.asdict(cfg)
+    if isinstance(cfg, TaskArgs):
+        record.pop("task_flags")
+        record.update({name: getattr(cfg, name) for name in flags(type(cfg).for_eval)})
+    return record
 
 
 def options(cfg=None, **settings) -> TaskOptions:

@@ -3,7 +3,7 @@ windows of 512 tokens (the defaults, the full protocol) of ``tcal eval``'s text 
 report, and with ``--out`` writes it too (ppl.json: the number and its protocol; ppl.md).
 
 Every other command scores perplexity through this task too: ``--eval D1,D2 --eval-window W --eval-windows N`` is
-``ppl:N@W`` on each held-out domain (:func:`tcal.evaluate.assemble.held_out`), which ``tcal convert`` reports for the
+``ppl:N@W`` on each held-out domain (:func:`tcal.evaluate.plan.held_out`), which ``tcal convert`` reports for the
 teacher and the hybrid, ``tcal ablate`` for every row and ``tcal distill`` and ``tcal recover`` at every curve point
 (its windows are the curve's ``eval_ppl``). So it is no ``--tasks`` item of those commands.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tcal.engines import GENERATING
+from tcal.engines import GENERATING, generating_help
 from tcal.evaluate.task import PROMPT_STYLES, SANDBOX_MODES, Option, Progress, Task
 from tcal.utils.errors import TcalError
 
@@ -41,9 +41,7 @@ class HumanEval(Task):
         Option("batch_size", None, "prompts generated together (default 16 on a CPU, 128 on a GPU)", kind=int,
                eval_only=True),
         Option("max_new_tokens", None, "the longest answer (default 512)", kind=int, eval_only=True),
-        Option("engine", "tcal", "tcal (the model as tcal and transformers run it) or llama.cpp (a GGUF: a .gguf "
-                                 "file, a tcal export --format gguf directory, or a built-in teacher's own GGUF)",
-               choices=GENERATING, eval_only=True),
+        Option("engine", "tcal", generating_help(), choices=GENERATING, eval_only=True),
         Option("threads", None, "with --engine llama.cpp: CPU threads (default: all cores)", kind=int,
                eval_only=True),
     )
@@ -76,7 +74,7 @@ class HumanEval(Task):
     @property
     def uses_model(self) -> bool:
         # an engine that runs what tcal loads generates with the command's model; another opens its own file
-        return self.engine is not None and self.engine.reads == "tcal"
+        return self.engine is not None and self.engine.uses_model
 
     @property
     def run_name(self) -> str:
@@ -158,12 +156,19 @@ class HumanEval(Task):
     def state(self):
         return None if self.given else ("humaneval.json", "completions", str)
 
+    @property
+    def _engine_uses_model(self) -> bool:
+        """--engine runs the command's model (its dtype is a setting of the answers), answers given or not."""
+        from tcal.engines import get
+
+        return get(self.opts.engine).uses_model
+
     def known_settings(self) -> dict:
         from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS
 
         o = self.opts
         known = {"model": o.model, "engine": o.engine, "problems_sha256": self.digest,
-                 "max_new_tokens": o.max_new_tokens or MAX_NEW_TOKENS, "dtype": o.dtype if o.engine == "tcal" else None}
+                 "max_new_tokens": o.max_new_tokens or MAX_NEW_TOKENS, "dtype": o.dtype if self._engine_uses_model else None}
         return known if o.prompt_style == "auto" else {**known, "prompt_style": o.prompt_style}  # auto: the tokenizer's
 
     def run(self, model, tokenizer, progress: Progress) -> dict:

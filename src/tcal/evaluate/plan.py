@@ -1,21 +1,22 @@
-"""A command's tasks from its flags, in one place for every command that evaluates: ``--tasks``, the old spellings
-each command still takes (declared as data, :class:`OldFlag`, and folded by :func:`fold`), the tasks a command with a
-teacher scores unasked (:meth:`~tcal.evaluate.task.Task.implied`), the checks before any model loads and the one
-code-execution gate; and the held-out perplexity of ``--eval`` (:func:`held_out`), which every command but ``tcal
-eval`` scores::
+"""A command's tasks from its flags, in one function for every command that evaluates (:func:`plan`): ``--tasks``
+and the old spellings each command still takes (declared as data, :class:`OldFlag`, and folded by :func:`fold`), the
+tasks built with those a command with a teacher scores unasked (:meth:`~tcal.evaluate.task.Task.implied`), the one
+code-execution gate, the refusal of flags no part of the run reads and the checks before any model loads; and the
+held-out perplexity of ``--eval`` (:func:`held_out`), which every command but ``tcal eval`` scores, planned the same
+way::
 
-    tasks = assemble(cfg, EVAL, model=cfg.model, data=cfg.data, dtype=cfg.dtype, progress=cfg.progress)
+    tasks = plan(cfg, ABLATE, given=given, readers=init_readers(inits), where="tcal ablate --inits copy")
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from tcal.evaluate import tasks as T
 from tcal.evaluate.task import Task, TaskSpec, deprecated, parse_tasks
 from tcal.utils.errors import TcalError
-from tcal.utils.flags import Reader, flag_name, unread_error
+from tcal.utils.flags import Reader, flag_name, refuse_unread, unread_error
 
 NAMES, ADDS, SIZES, RENAMES = "names", "adds", "sizes", "renames"
 
@@ -61,8 +62,7 @@ class Command:
 
 
 def _default(cfg, field: str):
-    f = next(f for f in dataclasses.fields(cfg) if f.name == field)
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return getattr(type(cfg)(), field)
 
 
 def _count(flag: str, value, off: bool = False) -> int:
@@ -124,12 +124,21 @@ def fold(cfg, command: Command) -> tuple[list[TaskSpec], list[str], dict]:
     return specs, used, renamed
 
 
-def assemble(cfg, command: Command, **settings) -> list[Task]:
-    """The tasks of a run of ``command`` with the flags ``cfg``: built from ``--tasks`` and the old spellings (a
-    one-line warning names what those stand for), with the tasks the command scores unasked, behind the one
-    code-execution gate. ``settings``: what the command hands its tasks besides their flags
-    (:data:`~tcal.evaluate.task.SETTINGS`). Arguments are checked; the tasks' inputs are read by
-    :meth:`~tcal.evaluate.task.Task.check`."""
+def plan(cfg, command: Command, *, given=None, readers: Iterable[Reader] | Callable[[list[Task]], Iterable[Reader]] = (),
+         where: str = "", check: bool = True, **settings) -> list[Task]:
+    """The tasks of a run of ``command`` with the flags ``cfg``, each step before the next:
+
+    1. ``--tasks`` with the old spellings folded in (:func:`fold`; a one-line warning names what they stand for);
+    2. one task per kind, built with the tasks the command scores unasked, ``settings`` handed to them besides
+       their flags (:data:`~tcal.evaluate.task.SETTINGS`);
+    3. the one code-execution gate;
+    4. a flag of ``given`` (``cfg`` as the user gave it, before the command resolved its ``auto`` settings; default
+       ``cfg``) that no part of this run reads is refused (:mod:`tcal.utils.flags`): the command's own ``readers``
+       (its inits, its training flags; a function of the built tasks where they depend on them), then the tasks';
+       ``where``: the command as this run spells it in the message (``tcal ablate --inits copy``);
+    5. each task's arguments and inputs (:meth:`~tcal.evaluate.task.Task.check`), unless ``check`` is False
+       (``tcal eval`` reads them once its output directory is checked).
+    """
     specs, used, renamed = fold(cfg, command)
     deprecated(used, specs)
     options = T.options(cfg, **settings, **renamed)
@@ -142,13 +151,13 @@ def assemble(cfg, command: Command, **settings) -> list[Task]:
             raise TcalError(f"{t.name} compares a model with its teacher, and {command.name or 'tcal eval'} reads one "
                             "model: it scores in tcal distill and tcal recover")
     T.check_code_execution(built, cfg.allow_code_execution)
+    own = list(readers(built) if callable(readers) else readers)
+    tasks = T.readers(built, (*T.task_flags(cfg), *command.settings), teacher=command.teacher)
+    refuse_unread(cfg if given is None else given, [*own, *tasks], run_words(command, built, where))
+    if check:
+        for t in built:
+            t.check()
     return built
-
-
-def readers(built: Sequence[Task], cfg, command: Command) -> list[Reader]:
-    """Who reads each task flag of ``cfg``'s command (:func:`tcal.utils.flags.refuse_unread`): this run's tasks and
-    every kind of task the command runs."""
-    return T.readers(built, (*T.task_flags(cfg), *command.settings), teacher=command.teacher)
 
 
 def run_words(command: Command, built: Sequence[Task], where: str = "") -> str:
@@ -157,12 +166,17 @@ def run_words(command: Command, built: Sequence[Task], where: str = "") -> str:
     return dataclasses.replace(command, name=where or command.name).run_words([t.run_name for t in built])
 
 
+# the held-out perplexity every command but tcal eval scores: the ppl task alone, planned like any command's tasks
+HELD_OUT = Command("--eval", whole=True)
+
+
 def held_out(domains: Sequence[str], window: int, windows: int, *, progress: bool = False):
     """The held-out perplexity of a command's ``--eval`` (its ``domains``), ``--eval-window`` and
-    ``--eval-windows``: the ``ppl`` task, ``ppl:WINDOWS@WINDOW`` on each domain (:mod:`tcal.evaluate.tasks.ppl`)."""
-    spec = TaskSpec("ppl", windows, (window,))
-    return T.build([spec], T.options(data=list(domains), progress=progress))[0]
+    ``--eval-windows``: the ``ppl`` task, ``ppl:WINDOWS@WINDOW`` on each domain (:mod:`tcal.evaluate.tasks.ppl`), not
+    checked yet (its :meth:`~tcal.evaluate.task.Task.check` reads every domain)."""
+    cfg = T.TaskArgs(tasks=str(TaskSpec("ppl", windows, (window,))))
+    return plan(cfg, HELD_OUT, check=False, data=list(domains), progress=progress)[0]
 
 
-__all__ = ["ADDS", "NAMES", "RENAMES", "SIZES", "Command", "OldFlag", "assemble", "fold", "held_out", "readers",
+__all__ = ["ADDS", "HELD_OUT", "NAMES", "RENAMES", "SIZES", "Command", "OldFlag", "fold", "held_out", "plan",
            "run_words"]
