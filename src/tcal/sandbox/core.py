@@ -94,6 +94,8 @@ OUTER_ID = 65534  # what it is outside, where tcal runs as root (nobody); else t
 # how the launcher and the worker start: plain.py, guard.py and launcher.py (or worker.py), compiled once here and
 # handed over marshalled, so that no process compiles it again
 _BOOT = "import marshal,sys;exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))"
+# the launcher's code comes on its stdin, in front of its settings (too long for an argument)
+_LAUNCHER_BOOT = "import marshal,sys;exec(marshal.loads(sys.stdin.buffer.read(int(sys.argv.pop(1)))))"
 _LAUNCHER = ("plain", "guard", "launcher")
 _WORKER = ("plain", "guard", "worker")
 
@@ -399,7 +401,9 @@ def _launch(source, limits, tests, entry_point, *, namespaces: bool, prompt: str
     try:
         found = cgroups.available()
         if found["version"]:
-            group = cgroups.Group(found, limits.memory_mb, limits.processes, limits.cpus)
+            # room above the per-process limit for the init above the program: a program of one process meets
+            # its own limit first (a MemoryError with its reason), many processes together meet the cgroup's
+            group = cgroups.Group(found, limits.memory_mb + 32, limits.processes + 4, limits.cpus)
         return _run(source, limits, tests, entry_point, prompt, workdir, t0, namespaces, started, group)
     except Exception as e:  # noqa: BLE001 - one failed problem, never a lost run
         # whether what it started ended is unknown once a launcher ran without a report
@@ -436,12 +440,13 @@ def _run(source, limits, tests, entry_point, prompt, workdir, t0, namespaces, st
            "checker": {"prompt": prompt, "tests": tests, "entry_point": entry_point or "", "message_chars": chars},
            "payload": {"source": source, "entry_point": entry_point or "", "program_path": prog,
                        "message_chars": chars}}
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _BOOT, _code(*_LAUNCHER)], env={},
+    code = bytes.fromhex(_code(*_LAUNCHER))
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _LAUNCHER_BOOT, str(len(code))], env={},
                             cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, close_fds=True)
     started.append(proc.pid)
     try:
-        out, launcher_err = _exchange(proc, marshal.dumps(cfg), limits.timeout_s + 60)
+        out, launcher_err = _exchange(proc, code + marshal.dumps(cfg), limits.timeout_s + 60)
     except BaseException:
         # interrupted (or the launcher is stuck): the launcher kills what the program started, then we stop it
         proc.terminate()

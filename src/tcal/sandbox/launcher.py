@@ -74,11 +74,11 @@ class MountAttr(ctypes.Structure):
 
 
 def read_only_but(workdir):
-    """Every mount read-only (and nosuid, nodev) but ``workdir``'s: mount_setattr(2) where the kernel has it
+    """Every mount read-only (and nosuid) but ``workdir``'s: mount_setattr(2) where the kernel has it
     (5.12+), else each mount of /proc/self/mountinfo remounted read-only with the flags it has."""
-    at_fdcwd, at_recursive, rdonly, nosuid, nodev = -100, 0x8000, 1, 2, 4
-    if libc.syscall(442, at_fdcwd, b"/", at_recursive, ctypes.byref(MountAttr(rdonly | nosuid | nodev, 0, 0, 0)),
-                    32) == 0:
+    at_fdcwd, at_recursive, rdonly, nosuid = -100, 0x8000, 1, 2
+    # (not nodev: /dev's five devices are bind mounts; every tmpfs of the root is nodev itself)
+    if libc.syscall(442, at_fdcwd, b"/", at_recursive, ctypes.byref(MountAttr(rdonly | nosuid, 0, 0, 0)), 32) == 0:
         check(libc.syscall(442, at_fdcwd, workdir.encode(), 0, ctypes.byref(MountAttr(0, rdonly, 0, 0)), 32),
               "mount_setattr")
         return
@@ -95,7 +95,7 @@ def read_only_but(workdir):
         except OSError:
             continue  # hidden under another mount: out of reach for the program too
         keep = st.f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096)  # ... NOATIME NODIRATIME RELATIME
-        check(libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep,
+        check(libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep,
                          None), f"read-only {point}")
 
 
@@ -218,6 +218,7 @@ def exec_program(cfg, stdio, fds, status_w):
             os.dup2(fd, target)
         for fd in fds:
             os.set_inheritable(fd, True)
+        oom_score(1000)  # the first the kernel kills at the memory cap: never the init above it
         set_limits(cfg["limits"])
         drop_capabilities(cfg["inner_id"] if cfg["namespaces"] else None)
         os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", "-c", cfg["boot"], cfg["worker"],
@@ -243,8 +244,18 @@ def tell(fd, kind, text):
         pass
 
 
+def oom_score(value):
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        pass
+
+
 def join_cgroups(cfg, status_w):
     """The worker's side, before anything else: into the run's cgroups (its every descendant follows)."""
+    if cfg["cgroup_procs"]:
+        oom_score(-1000)  # the creator and the init: never killed for the program's memory (as root)
     try:
         for procs in cfg["cgroup_procs"]:
             with open(procs, "w") as f:
