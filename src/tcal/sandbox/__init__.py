@@ -9,8 +9,24 @@ out of, under caps it cannot outgrow, with a verdict it cannot reach.
 
 docs/evaluation.md says what each mode holds and what it does not.
 """
-from tcal.sandbox.core import (EXCERPT, MODES, NAMESPACES, Limits, Outcome, caps, describe, dumpable, excerpt, guards,
-                               isolation, reason_kind, require, require_allowed, run_program, shielded)
+from tcal.sandbox.core import (
+                               EXCERPT,
+                               MODES,
+                               NAMESPACES,
+                               Limits,
+                               Outcome,
+                               caps,
+                               describe,
+                               dumpable,
+                               excerpt,
+                               guards,
+                               isolation,
+                               reason_kind,
+                               require,
+                               require_allowed,
+                               run_program,
+                               shielded,
+)
 
 __all__ = ["EXCERPT", "MODES", "NAMESPACES", "Limits", "Outcome", "caps", "describe", "dumpable", "excerpt", "guards",
            "isolation", "reason_kind", "require", "require_allowed", "run_program", "shielded"]

@@ -20,6 +20,10 @@ and exits at the end of the request pipe. It imports nothing it does not need, b
 import os
 import sys
 
+if "plain_dumps" not in globals():  # run alone (tests, tools): the names plain.py and guard.py give when compiled with it
+    from tcal.sandbox.guard import _tcal_capabilities, _tcal_deny_syscalls, _tcal_prctl_dumpable_off  # noqa: F401
+    from tcal.sandbox.plain import NotPlain, plain_dumps, plain_loads, read_frame, write_frame  # noqa: F401
+
 _TCAL_OFF = {
     "os": "system popen fork forkpty execv execve execl execle execlp execlpe execvp execvpe spawnl spawnle spawnlp "
           "spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg setsid setuid setgid putenv "

@@ -89,8 +89,8 @@ class HumanEval(Task):
         import hashlib
         from pathlib import Path
 
-        from tcal.sandbox import Limits, require
         from tcal.evaluate.tasks.humaneval.problems import load_completions, load_problems
+        from tcal.sandbox import Limits, require
 
         o = self.opts
         for name in ("batch_size", "max_new_tokens", "threads"):
@@ -129,8 +129,8 @@ class HumanEval(Task):
         return {"humaneval": lambda model: self.measure(model)["pass@1"]}
 
     def measure(self, model) -> dict:
-        from tcal.sandbox import Limits
         from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS, humaneval
+        from tcal.sandbox import Limits
 
         o = self.opts
         # the gate was passed when the command built its tasks (check_code_execution)
@@ -169,8 +169,8 @@ class HumanEval(Task):
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import time
 
-        from tcal.sandbox import Limits, describe, guards
         from tcal.evaluate.tasks.humaneval import problems as H
+        from tcal.sandbox import Limits, describe, guards
 
         o, problems = self.opts, self.problems
         sandbox = guards(o.sandbox, Limits(timeout_s=o.timeout, memory_mb=o.memory_mb))
@@ -228,9 +228,9 @@ class HumanEval(Task):
     def markdown(self, summary: dict, title: str) -> str:
         from collections import Counter
 
-        from tcal.sandbox import describe, reason_kind
         from tcal.evaluate.tasks.humaneval.problems import CHAT_STOPS, COMPLETION_STOPS
         from tcal.evaluate.tasks.niah.ruler import accuracy_interval
+        from tcal.sandbox import describe, reason_kind
 
         results = summary["results"]
         lo, hi = accuracy_interval([float(r["passed"]) for r in results])
