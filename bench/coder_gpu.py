@@ -2,7 +2,7 @@
 build the instruct set, recover each init on it, and copy the tables out. Every step keeps its work in --runs and
 skips what is done, so a job cut by its wall-time limit resumes by running the same command again.
 
-    python bench/coder_gpu.py --minutes 40                       # all steps, within 40 minutes of this job
+    python bench/coder_gpu.py --minutes 40                       # all steps in this command, within 40 minutes
     python bench/coder_gpu.py --minutes 9 --steps stage          # one transfer of a multi-transfer staging
 
 Steps (``--steps``, in this order):
@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("stage", "speed", "instruct", "recover")
 # the recovery recipe of docs/results.md (*Recovery judged by the answers*): attention kept by answer:50%
-RECIPE = ["--seq-len", "1024", "--batch-size", "16", "--micro-batch", "8", "--mix-frac", "0.25",
+RECIPE = ["--seq-len", "1024", "--batch-size", "16", "--mix-frac", "0.25",
           "--eval", "code:eval", "--eval-windows", "8", "--align-steps", "200", "--kl-steps", "100",
           "--kl-data", "chat:code:calib", "--allow-code-execution"]
 # what a detached job copies out of the work tree to run from
@@ -75,9 +75,15 @@ def main(argv=None) -> int:
     ap.add_argument("--instruct-sources", default="code:calib,python-src,python-lib")
     ap.add_argument("--keep", default="0,1,5,6,8,10,13,14,15,16,17,20")
     ap.add_argument("--inits", default="taylor,copy,taylor-reference")
-    ap.add_argument("--tokens", type=int, default=4_800_000)
-    ap.add_argument("--eval-every", type=int, default=2_400_000)
+    # one lease (docs/results.md, *Recovery judged by the answers*): three inits in about 20 minutes of GPU time at
+    # 20K training tokens/s and 30 s a curve point: 2M tokens (100 s) and 5 points (0, 250K, 500K, 1M, 2M: 150 s)
+    # each, the conversions, checkpoints and the teacher's scores besides
+    ap.add_argument("--tokens", type=int, default=2_000_000, help="training tokens of every init")
+    ap.add_argument("--eval-every", type=int, default=2_000_000)
     ap.add_argument("--eval-early", type=int, default=3, help="extra points at eval-every/2, /4, ...")
+    ap.add_argument("--micro-batch", type=int, default=8, help="recover --micro-batch (of the 16 x 1024 batch)")
+    ap.add_argument("--kl-chunk", type=int, default=4096, help="recover --kl-chunk: token rows per KL chunk")
+    ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"), help="recover --compile")
     ap.add_argument("--warmup", default="12000", help="recover --warmup (tokens): the same warm-up at any budget")
     ap.add_argument("--tasks", default="humaneval:164,passkey:10@512,1024,2048,4096,8192")
     ap.add_argument("--save-every", type=int, default=500_000,
@@ -138,7 +144,8 @@ def main(argv=None) -> int:
                  "torch.cuda.get_device_name())"], "speed.log")
             rc = run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/ops/test_fla.py"], "speed.log")
             shape = ["--shape", "qwen2.5-0.5b", "--keep", args.keep, "--seq-len", "1024", "--batch-size", "16",
-                     "--micro-batch", "8", "--kl-chunk", "1024", "--steps", "12", "--warmup", "4"]
+                     "--micro-batch", str(args.micro_batch), "--kl-chunk", str(args.kl_chunk), "--compile",
+                     args.compile, "--steps", "12", "--warmup", "4"]
             run([py, "bench/distill_speed.py", *shape, "--json", str(runs / "speed-default.json")], "speed.log")
             if rc == 0 and "passed" in (logs / "speed.log").read_text():
                 (runs / "speed-done").write_text("")
@@ -164,7 +171,8 @@ def main(argv=None) -> int:
                    "--inits", args.inits, "--data", str(runs / "instruct"), "--mix-data", str(pool), *RECIPE,
                    "--tokens", str(args.tokens), "--eval-every", str(args.eval_every), "--eval-early",
                    str(args.eval_early), "--warmup", args.warmup, "--tasks", args.tasks, "--out", str(work),
-                   "--save-every", str(args.save_every),
+                   "--save-every", str(args.save_every), "--micro-batch", str(args.micro_batch), "--kl-chunk",
+                   str(args.kl_chunk), "--compile", args.compile,
                    "--max-minutes", f"{minutes:.1f}", "--no-progress", *args.recover_args.split()]
             if Path(f"{work}.partial").is_dir():
                 cmd.append("--resume")

@@ -4,6 +4,7 @@ left-padded, cached, and a row of a batch stops as soon as its continuation is d
 found, a stop sequence written), so that no row pays for its batch's longest answer more than it must."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
@@ -11,7 +12,10 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from tcal.engines.engine import Generator
+from tcal.utils.errors import TcalError
 from tcal.utils.runtime import model_device
+
+log = logging.getLogger(__name__)
 
 # done(i, text) -> whether prompt i's continuation ``text`` (decoded, special tokens dropped) is complete
 Done = Callable[[int, str], bool]
@@ -53,8 +57,14 @@ def left_padded(tokenizer, prompts: Sequence[str], pad: int) -> tuple[torch.Tens
 
 def fast_path(model) -> bool:
     """Whether :func:`generate_greedy` decodes ``model`` on tcal's static cache (:class:`tcal.models.fast.FastDecoder`,
-    a CUDA graph per decode step) by default: on CUDA, for the families it runs, in its dtypes."""
+    a CUDA graph per decode step) by default: on CUDA, for the families it runs, in its dtypes; never where the
+    environment says ``TCAL_FAST_GENERATE=0``."""
+    import os
+
     from tcal.models.fast import SUPPORTED_DTYPES, runs
+
+    if os.environ.get("TCAL_FAST_GENERATE", "1") in ("0", "false", "off"):
+        return False
 
     try:
         p = next(model.parameters())
@@ -73,11 +83,17 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     overrides the model's generation config (an instruct model's end-of-turn token). ``fast``: decode on tcal's
     static cache (:func:`generate_fast`; default where :func:`fast_path` holds), else transformers' ``generate()``;
     both give the same text."""
+    chosen = fast is None
     if fast is None:
         fast = fast_path(model)
     if fast:
-        return generate_fast(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size, progress=progress,
-                             desc=desc, done=done, eos_token_id=eos_token_id)
+        try:
+            return generate_fast(model, tokenizer, prompts, max_new_tokens, batch_size=batch_size, progress=progress,
+                                 desc=desc, done=done, eos_token_id=eos_token_id)
+        except TcalError as e:  # chosen by default: generate() gives the same text, only slower
+            if not chosen:
+                raise
+            log.warning("the static-cache decoder cannot run this model (%s); generating with generate()", e)
     device = model_device(model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     outs = []
