@@ -287,10 +287,13 @@ def watch(args) -> int:
         pack_results(runs, out / "coder-gpu.tgz")
         for f in [*runs.glob("recover*/*/curve.csv"), *runs.glob("recover*/*/timing.csv"),
                   *runs.glob("recover*/*.md"), *runs.glob("recover*/*.json"), *runs.glob("*.json")]:
-            if f.is_file() and f.stat().st_size < 4 << 20 and "checkpoint" not in f.parts:
-                dest = out / "tables" / f.relative_to(runs)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f, dest)
+            dest = out / "tables" / f.relative_to(runs)
+            try:
+                if f.stat().st_size < 4 << 20 and "checkpoint" not in f.parts:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(f, dest)
+            except OSError:  # replaced by the running job meanwhile
+                pass
     if (job / "job.log").is_file():
         shutil.copyfile(job / "job.log", out / "job.log")
     return 0
@@ -302,9 +305,14 @@ def pack_results(runs: Path, archive: Path) -> None:
     tmp = archive.with_suffix(".tmp")
     with tarfile.open(tmp, "w:gz") as tf:
         for p in sorted(runs.rglob("*")):
-            if p.is_file() and p.suffix in (".csv", ".md", ".json", ".png", ".log", ".txt") \
-                    and p.stat().st_size < 4 << 20 and not any(".converted" in x or "checkpoint" in x for x in p.parts):
-                tf.add(p, arcname=str(p.relative_to(runs)))
+            if p.suffix not in (".csv", ".md", ".json", ".png", ".log", ".txt") \
+                    or any(".converted" in x or "checkpoint" in x or x == "compile-cache" for x in p.parts):
+                continue
+            try:
+                if p.is_file() and p.stat().st_size < 4 << 20:
+                    tf.add(p, arcname=str(p.relative_to(runs)))
+            except OSError:  # replaced by the running job meanwhile (a rename): its next pack holds it
+                pass
     tmp.replace(archive)
 
 

@@ -357,8 +357,10 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
         reports[init], init_info[init] = report, info
+        steady = (report.get("train_speed") or {}).get("steady_tokens_per_s")
         say(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
-            f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
+            f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s"
+            + (f", {steady:,.0f} after the first step" if steady else "") + ")")
     return D.on_main(world, lambda: _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info,
                                             load_s, tasks))
 
