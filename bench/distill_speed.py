@@ -88,6 +88,9 @@ def main(argv=None) -> dict:
         "precision": report["precision"], "gdn_compile": report["gdn_compile"], "trainable_params": report["trainable_params"],
         "step_s_median": step_s, "tokens_per_s": tps / step_s,
         "tokens_per_s_all_steps": report["train_tokens_per_s"], "peak_memory": report["peak_memory"],
+        # the trainer's own split, as every recovery reports it: the first step (compiling) apart from the rest
+        "first_step_s": (report.get("train_speed") or {}).get("first_step_s", [None])[0],
+        "steady_tokens_per_s": (report.get("train_speed") or {}).get("steady_tokens_per_s"),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         # the path the GDN layers trained through, and whether a compile of the chunked path fell back to eager
         "gdn_backend": resolve_backend("auto", torch.device(report["device"]), args.seq_len, needs_grad=True),
@@ -101,6 +104,8 @@ def main(argv=None) -> dict:
           f"{report['gdn_compile']}{' (failed: eager)' if result['gdn_compile_failed'] else ''}")
     print(f"  step {step_s * 1000:.0f} ms (median after {args.warmup} warm-up steps) -> "
           f"{tps / step_s:,.0f} training tokens/s; peak memory {mem}")
+    print(f"  first step {result['first_step_s']:.1f} s (compiling); after it {result['steady_tokens_per_s'] or 0:,.0f} "
+          "training tokens/s (the trainer's steady rate, as tcal recover reports it)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result

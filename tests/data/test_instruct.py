@@ -129,14 +129,30 @@ def _rows(path, rows):
 SAMPLE = {"key": "src:0:f", "split": "train", "prompt": "<|im_start|>user\nf<|im_end|>\n", "answer": "```x```"}
 
 
-def test_samples_that_repeat_a_task_or_have_no_answer_are_refused(tmp_path):
-    """Before: duplicates, a task in both splits and empty answers were packed without a word."""
+def test_samples_that_repeat_a_task_are_read_once_with_a_note(tmp_path):
+    """Before: an earlier tcal's set with a repeated task ("record 219 repeats the task 'code:calib:485:multiply'")
+    was refused, so tcal could not read its own published instruct sets."""
     from tcal.data.instruct import read_samples
 
-    assert len(read_samples(_rows(tmp_path / "ok.jsonl", [SAMPLE, dict(SAMPLE, key="src:0:g", split="dev")]))) == 2
-    for rows, message in (([SAMPLE, SAMPLE], "record 2 repeats the task 'src:0:f' of record 1; each task is one"),
-                          ([SAMPLE, dict(SAMPLE, split="dev")], "of record 1 in the other split"),
-                          ([dict(SAMPLE, answer=" ")], "record 1 (src:0:f) has an empty answer"),
+    g = dict(SAMPLE, key="src:0:g", answer="```g```")
+    notes = []
+    rows = read_samples(_rows(tmp_path / "dup.jsonl", [SAMPLE, g, dict(SAMPLE, answer="```y```"), g]), notes)
+    assert [(r["key"], r["answer"]) for r in rows] == [("src:0:f", "```x```"), ("src:0:g", "```g```")]
+    assert notes == ["dup.jsonl: 2 record(s) repeat a task of another record (the first: record 3, task 'src:0:f', "
+                     "as record 1); each task is read once"]
+    # a task in both splits is kept as a development task only: no step trains on it
+    notes = []
+    rows = read_samples(_rows(tmp_path / "split.jsonl", [SAMPLE, g, dict(SAMPLE, split="dev")]), notes)
+    assert [(r["key"], r["split"]) for r in rows] == [("src:0:g", "train"), ("src:0:f", "dev")]
+    assert "(1 in both splits: kept as development tasks only)" in notes[0] and "the first: record 1" in notes[0]
+    assert len(read_samples(_rows(tmp_path / "ok.jsonl", [SAMPLE, dict(g, split="dev")]))) == 2
+
+
+def test_samples_without_an_answer_are_refused(tmp_path):
+    """Before: empty answers were packed without a word."""
+    from tcal.data.instruct import read_samples
+
+    for rows, message in (([dict(SAMPLE, answer=" ")], "record 1 (src:0:f) has an empty answer"),
                           ([dict(SAMPLE, prompt="")], "record 1 (src:0:f) has an empty prompt")):
         with pytest.raises(TcalError, match=message.replace("(", r"\(").replace(")", r"\)")):
             read_samples(_rows(tmp_path / "bad.jsonl", rows))

@@ -73,6 +73,27 @@ def test_samples_of_a_run_pack_again_into_the_same_windows(chat_teacher, tmp_pat
     assert w_ids.shape[0] < a_ids.shape[0] and int(w_mask.sum()) == int(a_mask.sum())
 
 
+def test_an_earlier_set_that_repeats_a_task_packs_with_a_note(chat_teacher, tmp_path, capsys, tmp_cache):
+    """Before: `tcal instruct --samples` refused tcal's own published set ("record 219 repeats the task ..."); now the
+    repeat is read once, the windows are those of the set without it, and the run says what it left out."""
+    first = tmp_path / "first"
+    common = ["--teacher", str(chat_teacher / "teacher"), "--no-progress", "--seq-len", "128"]
+    code, errors, _ = run(capsys, "instruct", *common, "--sources", f"dir:{chat_teacher / 'src'}", "--answers",
+                          "reference", "--dev-tasks", "2", "--out", str(first))
+    assert code == 0, errors
+    lines = (first / "samples.jsonl").read_text().splitlines()
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("\n".join([*lines, lines[3]]) + "\n")
+    again = tmp_path / "again"
+    code, errors, err = run(capsys, "instruct", *common, "--samples", str(dup), "--out", str(again))
+    assert code == 0, errors
+    assert "note: dup.jsonl: 1 record(s) repeat a task of another record (the first: record 11" in err
+    a_ids, a_mask, _ = load_instruct_set(first)
+    b_ids, b_mask, manifest = load_instruct_set(again)
+    assert np.array_equal(a_ids, b_ids) and np.array_equal(a_mask, b_mask)
+    assert manifest["tasks"] == 10 and len(manifest["notes"]) == 1
+
+
 def test_samples_that_are_not_an_instruct_runs_are_one_line(chat_teacher, tmp_path, capsys, tmp_cache):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"key": "k", "prompt": "p"}\n')

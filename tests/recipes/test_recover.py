@@ -109,3 +109,38 @@ def test_jsonable():
     out = jsonable({1: (torch.ones(2), float("nan")), "big": torch.zeros(100), "x": object, "n": None})
     assert out["1"] == [[1.0, 1.0], "nan"] and out["big"] == "tensor(100,)" and out["n"] is None
     json.dumps(out, allow_nan=False)
+
+
+def test_the_teachers_probe_scores_are_computed_once_for_every_init_and_resume(assets, tmp_path, monkeypatch):
+    """Before: every init (and every call after a pause) scored the teacher again on every curve probe, which on a
+    GPU cost as much as a curve point; now teacher_scores.json holds them for the whole experiment."""
+    import tcal.train.probes
+
+    calls = {"teacher": 0, "student": 0}
+
+    def probe(model):
+        calls["student" if hasattr(model, "gdn_modules") else "teacher"] += 1
+        return 0.5
+
+    monkeypatch.setattr(tcal.train.probes, "curve_probes", lambda tasks, tok, teacher: {"fake": probe})
+    out = tmp_path / "rec"
+    cfg = RecoverConfig(teacher=str(assets / "teacher"), keep="0,2", inits="copy,taylor",
+                        tokens=4 * TPS, data=str(assets / "train.npy"), out=str(out), calib=str(assets / "train.npy"),
+                        calib_window=16, calib_windows=4, align_steps=2, kl_steps=0, eval=str(assets / "eval.npy"),
+                        eval_window=32, eval_windows=2, seq_len=SEQ, batch_size=BATCH, lr=3e-3, eval_every=2 * TPS,
+                        eval_early=0, kl_chunk=32, progress=False, stop_after_tokens=2 * TPS, save_every=2 * TPS)
+    assert run(cfg)["status"] == "paused"
+    assert calls["teacher"] == 1 and (partial_dir(out) / "teacher_scores.json").is_file()
+    cfg.stop_after_tokens, cfg.resume = 0, True
+    summary = run(cfg)
+    assert summary["status"] == "done" and calls["teacher"] == 1  # the resumed call and the second init read it back
+    assert calls["student"] == 2 * 3  # 0, 2 and 4 x TPS of each init
+    for init in ("copy", "taylor"):
+        r = summary["runs"][init]
+        assert r["teacher_probes"] == {"fake": 0.5}
+        assert [t["tokens"] for t in r["timing"]] == [0, 2 * TPS, 4 * TPS] and "fake" in r["timing"][0]
+        assert r["train_speed"]["steady_tokens_per_s"] > 0
+    assert summary["runs"]["taylor"]["teacher_seconds"].get("read_back")
+    report = (out / "report.md").read_text()
+    assert "first step s | steady tokens/s" in report and "## Where taylor's time went" in report
+    assert (out / "copy" / "timing.csv").is_file() and not (out / "teacher_scores.json").exists()

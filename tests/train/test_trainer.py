@@ -248,3 +248,42 @@ def test_distill_on_cuda_bf16_trains_and_resumes(assets, tmp_path):
     assert [r["step"] for r in rows] == [0, 8, 16, 24, 32]
     assert rows[-1]["train_loss"] < 0.8 * rows[1]["train_loss"]
     assert rep["peak_memory"]["kind"].startswith("cuda") and rep["peak_memory"]["bytes"] > 0
+
+
+def test_every_curve_point_says_where_its_time_went(assets, tmp_path):
+    """Each curve point's seconds per probe (a probe's own parts too), its PPL, the best-model and checkpoint writes
+    after it, and the training since the point before; each session's first step apart from the steady steps."""
+    from tcal.report.distill_report import timing_table
+    from tcal.train.curve import timing_csv
+
+    def probe(model):
+        probe.last_seconds = {"generate": 0.5, "score": 0.25}
+        return 1.0
+
+    killed = tmp_path / "t.partial"
+
+    def kill(step, tokens):
+        if step == 10:  # after the checkpoint at step 8
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(assets, killed, options(), callback=kill, probes={"fake": probe}, best_by="fake")
+    rep, _ = run(assets, killed, options(), student=None, probes={"fake": probe}, best_by="fake")
+    timing = rep["timing"]
+    assert [t["tokens"] for t in timing] == [r["tokens"] for r in rep["curve"]] == [0, 4 * TPS, 8 * TPS, 12 * TPS,
+                                                                                     16 * TPS, 20 * TPS, 24 * TPS]
+    assert all({"ppl", "fake", "fake_generate", "fake_score", "point", "train"} <= set(t) for t in timing)
+    assert timing[0]["fake_generate"] == 0.5 and timing[0]["train"] == 0 and timing[0]["train_tokens_per_s"] is None
+    assert timing[0]["best_write"] > 0  # the first point is the best so far: its weights were written
+    # the save at step 16 (that of step 8 is in the checkpoint it wrote, which holds the rows before its own write)
+    assert "checkpoint_write" in timing[4] and "checkpoint_write" not in timing[3]
+    assert all(t["point"] >= t["ppl"] + t["fake"] for t in timing)
+    assert timing[1]["train_tokens_per_s"] > 0
+    speed = rep["train_speed"]
+    assert len(speed["first_step_s"]) == 2  # one per session: the killed one and the resumed one
+    assert speed["steady_steps"] == 24 - 2 and speed["steady_tokens_per_s"] > 0
+    assert {"ppl", "fake", "fake_generate"} <= set(rep["teacher_seconds"])
+    csv_text = (killed / "timing.csv").read_text()
+    assert csv_text == timing_csv(timing) and csv_text.startswith("tokens,step,point,ppl,")
+    md = "\n".join(timing_table(rep))
+    assert "Training: first step of each session (compiling)" in md and "| tokens | " in md

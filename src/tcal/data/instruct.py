@@ -187,9 +187,11 @@ def chat_windows(tokenizer, tasks: Sequence[CodeTask], seq_len: int, answers: di
     return pack([render(tokenizer, t, answers.get(t.key)) for t in tasks], seq_len, pad_id(tokenizer))
 
 
-def read_samples(path) -> list[dict]:
+def read_samples(path, notes: list[str] | None = None) -> list[dict]:
     """The records of a ``samples.jsonl`` that `tcal instruct` wrote (``.xz``-compressed too): key, split, prompt,
-    answer, in file order; each task once, with a prompt and an answer."""
+    answer, in file order; each task once, with a prompt and an answer. A task that an earlier tcal wrote more than
+    once is read once (its first record; a task in both splits only as a development task, so that no step trains
+    on it), with a line in ``notes`` saying how many records were left out."""
     import lzma
 
     p = Path(path).expanduser()
@@ -203,7 +205,8 @@ def read_samples(path) -> list[dict]:
         why = "it ends early: truncated" if isinstance(e, EOFError) else str(e)
         raise TcalError(f"{p} is not a readable samples.jsonl of `tcal instruct` ({why}); give the samples.jsonl "
                         "(or .jsonl.xz) an instruct run wrote") from None
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # key -> index of the record kept
+    dropped: list[tuple[int, str, int]] = []  # (record, key, the record it repeats), 1-based
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("key", "split", "prompt", "answer")) \
                 or r["split"] not in ("train", "dev"):
@@ -212,13 +215,26 @@ def read_samples(path) -> list[dict]:
         if not r["prompt"].strip() or not r["answer"].strip():
             raise TcalError(f"{p}: record {i + 1} ({r['key']}) has an empty {'prompt' if not r['prompt'].strip() else 'answer'}"
                             "; every sample is a prompt and its answer")
-        if r["key"] in seen:
-            raise TcalError(f"{p}: record {i + 1} repeats the task {r['key']!r} of record {seen[r['key']]}"
-                            + (" in the other split" if rows[seen[r["key"]] - 1]["split"] != r["split"] else "")
-                            + "; each task is one sample, in one split (no step may train on a development task)")
-        seen[r["key"]] = i + 1
+        first = seen.get(r["key"])
+        if first is None:
+            seen[r["key"]] = i
+        elif r["split"] == "dev" and rows[first]["split"] == "train":  # a development task is never trained on
+            dropped.append((first + 1, r["key"], i + 1))
+            seen[r["key"]] = i
+        else:
+            dropped.append((i + 1, r["key"], first + 1))
     if not rows:
         raise TcalError(f"{p} holds no samples")
+    if dropped:
+        crossed = sum(1 for a, _, b in dropped if rows[a - 1]["split"] != rows[b - 1]["split"])
+        rec, key, other = dropped[0]
+        line = (f"{p.name}: {len(dropped)} record(s) repeat a task of another record (the first: record {rec}, task "
+                f"{key!r}, as record {other}); each task is read once"
+                + (f" ({crossed} in both splits: kept as development tasks only)" if crossed else ""))
+        if notes is not None:
+            notes.append(line)
+        keep = set(seen.values())
+        rows = [r for i, r in enumerate(rows) if i in keep]
     return rows
 
 

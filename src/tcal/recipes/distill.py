@@ -108,5 +108,10 @@ def _run(cfg: DistillConfig, world, callback, tasks) -> dict:
           f"(teacher {report['teacher_ppl']:.2f}); {tp:,.0f} tokens/s, peak memory "
           f"{human_bytes(report['peak_memory']['bytes'])}" + (f" (rank 0 of {world.world_size})"
                                                               if world.distributed else ""))
+    speed = report.get("train_speed") or {}
+    if speed.get("first_step_s"):
+        steady = speed.get("steady_tokens_per_s")
+        print(f"first step {speed['first_step_s'][0]:.1f} s (compiling), then "
+              f"{'n/a' if steady is None else f'{steady:,.0f}'} tokens/s; seconds per curve point in timing.csv")
     print(f"wrote {cfg.out}: {', '.join(written_files(out))}")
     return report

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ class InstructConfig(TeacherArgs, OutArgs, DeviceArgs):
     dev_tasks: int = arg(64, "tasks held out as the development set (by a hash of their key): the answer KL on them "
                              "picks a distillation's best checkpoint; no step trains on them")
     max_new_tokens: int = arg(384, "longest teacher answer; an answer not finished by then is dropped")
-    batch_size: int = arg(0, "prompts answered together (0: 16 on a CPU, 128 on a GPU)")
+    batch_size: int = arg(0, "prompts answered together (0: 16 on a CPU, 192 on a GPU)")
     seq_len: int = arg(1024, "tokens per packed window (whole samples; a longer sample is dropped)")
     out: str = arg("runs/instruct", "output directory (written atomically; progress in OUT.partial/)")
     resume: bool = arg(False, "continue an interrupted run's answers in OUT.partial/")
@@ -224,7 +225,10 @@ def repack(cfg: InstructConfig) -> dict:
     from tcal.utils.errors import TcalError
 
     t0 = time.time()
-    samples = read_samples(cfg.samples)
+    notes: list[str] = []
+    samples = read_samples(cfg.samples, notes)  # an earlier tcal's repeated tasks: read once, with a note
+    for line in notes:
+        print(f"note: {line}", file=sys.stderr)
     out = check_out(cfg.out, "instruct", cfg.overwrite)
     _, tokenizer = load_teacher(cfg.teacher, device="cpu")
     check_template(tokenizer, samples, cfg.samples, cfg.teacher)
@@ -244,7 +248,7 @@ def repack(cfg: InstructConfig) -> dict:
     manifest = {"teacher": cfg.teacher, "answers": f"samples {Path(cfg.samples).name}", "sources": sources,
                 "tasks": len(samples), "samples": fitted, "dev_tasks": len(dev), "dropped_unfinished": 0,
                 "dropped_too_long": len(train) - fitted, "tokenizer": {"id": tokenizer_id(tokenizer)},
-                "generate_s": 0.0, "excluded": f"as in {cfg.samples}"}
+                "generate_s": 0.0, "excluded": f"as in {cfg.samples}", **({"notes": notes} if notes else {})}
     # the samples keep tcal's own name in the set (a file of the user's, or the set's manifest, is never replaced)
     copy = "samples.jsonl.xz" if Path(cfg.samples).suffix == ".xz" else "samples.jsonl"
     with atomic_dir(out) as tmp:

@@ -129,7 +129,8 @@ def legacy_work(work: Path):
         return None
     if not isinstance(settings, dict):
         return None
-    files = [p.name for p in work.iterdir() if p.is_file() and (p.name in ("recover_config.json", "teacher_ppl.json")
+    files = [p.name for p in work.iterdir() if p.is_file() and (p.name in ("recover_config.json", "teacher_ppl.json",
+                                                                            "teacher_scores.json")
                                                                 or p.name.endswith(".init.json"))]
     for d in work.iterdir():
         # a saved conversion, a finished run (its report.json) or one kept as <init>-init
@@ -160,6 +161,38 @@ def _teacher_ppl(cfg: RecoverConfig, work, teacher, held_out) -> float:
     work.write_json("teacher_ppl.json", {"ppl": ppl, "eval": cfg.eval, "window": cfg.eval_window,
                                          "windows": cfg.eval_windows})
     return ppl
+
+
+def teacher_key(cfg, tasks) -> dict:
+    """What the teacher's curve scores depend on: the teacher, its dtype, the held-out PPL protocol and every curve
+    task with the flags it reads (a change of any recomputes them)."""
+    def plain(v):
+        return v if v is None or isinstance(v, (str, int, float, bool)) else str(v)
+
+    return {"teacher": cfg.teacher, "teacher_dtype": cfg.teacher_dtype, "eval": cfg.eval,
+            "eval_window": cfg.eval_window, "eval_windows": cfg.eval_windows,
+            "tasks": {t.name: {"specs": [str(x) for x in t.specs],
+                               **{n: plain(getattr(t.opts, n, None)) for n in t.option_names()}} for t in tasks}}
+
+
+def _teacher_scores(cfg, work, teacher, probes, tasks) -> tuple[dict | None, dict]:
+    """The teacher's score on every curve probe, computed once per experiment (``teacher_scores.json`` in the
+    partial folder, keyed by :func:`teacher_key`): every init and every resumed call reads them. Returns (scores
+    or None without probes, seconds per probe: 0 where read back)."""
+    from tcal.train.trainer import timed_probes
+
+    if not probes:
+        return None, {}
+    key = teacher_key(cfg, tasks)
+    tfile = work.path / "teacher_scores.json"
+    if tfile.is_file():
+        saved = json.loads(tfile.read_text())
+        if saved.get("key") == key and set(saved.get("probes", {})) == set(probes):
+            return saved["probes"], {**saved.get("seconds", {}), "read_back": True}
+    scores, seconds = timed_probes(probes, teacher)
+    seconds = {k: round(v, 3) for k, v in seconds.items()}
+    work.write_json(tfile.name, {"key": key, "probes": scores, "seconds": seconds})
+    return scores, seconds
 
 
 def _converted_student(cfg: RecoverConfig, init: str, keep, teacher, tokenizer, work, world):
@@ -263,6 +296,12 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
     prefix = tuple(window_prefix(tokenizer)) if tokenizer is not None else ()  # Gemma's BOS starts every window
     teacher_ppl = D.on_main(world, lambda: _teacher_ppl(cfg, work, teacher, ppl))
     say(f"teacher {cfg.teacher}: PPL {teacher_ppl:.3f} on {cfg.eval} ({cfg.eval_windows} x {cfg.eval_window})")
+    # the teacher's probe scores once for every init and every resumed call (teacher_scores.json)
+    teacher_probes, teacher_seconds = D.on_main(world, lambda: _teacher_scores(cfg, work, teacher, probes, tasks))
+    if teacher_probes:
+        say(f"teacher {cfg.teacher}: " + ", ".join(f"{k} {v:.3f}" for k, v in teacher_probes.items())
+            + ("" if teacher_seconds.get("read_back") else
+               f" ({sum(v for k, v in teacher_seconds.items() if k in teacher_probes):.1f} s)"))
     reports, init_info = {}, {}
     # --max-minutes bounds this whole call (conversions included); each run gets what is left.
     deadline = t0 + cfg.max_minutes * 60 if cfg.max_minutes else None
@@ -291,8 +330,7 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
         partial = D.on_main(world, lambda: C.start_partial(run_dir, True, as_record(dcfg)))
         report, student = distill(student, teacher, dcfg, tokens=cfg.tokens, train_tokens=train_tokens,
                                   eval_ids=eval_ids, partial=partial, teacher_ppl=teacher_ppl,
-                                  teacher_probes=next((r["teacher_probes"] for r in reports.values()
-                                                       if r.get("teacher_probes")), None),
+                                  teacher_probes=teacher_probes, teacher_seconds=teacher_seconds,
                                   settings=as_record(dcfg), callback=callback, world=world,
                                   probes=probes, prefix=prefix, train_mask=train_mask, mix_tokens=mix_tokens,
                                   best_by=best_column(tasks))
@@ -320,8 +358,10 @@ def _run(cfg: RecoverConfig, inits, keep, work, callback, world, tasks) -> dict:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
         reports[init], init_info[init] = report, info
+        steady = (report.get("train_speed") or {}).get("steady_tokens_per_s")
         say(f"{init}: PPL {report['zero_shot_ppl']:.2f} -> {report['final_ppl']:.2f} after {report['tokens']:,} "
-            f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s)")
+            f"tokens ({report['train_tokens_per_s']:,.0f} tokens/s"
+            + (f", {steady:,.0f} after the first step" if steady else "") + ")")
     return D.on_main(world, lambda: _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info,
                                             load_s, tasks))
 
@@ -334,7 +374,8 @@ def _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, 
     curves = {init: reports[init]["curve"] for init in inits}
     table = target_table(curves, teacher_ppl)
     run_keys = ("zero_shot_ppl", "final_ppl", "tokens", "steps", "epochs", "train_tokens_per_s", "train_s",
-                "elapsed_s", "peak_memory", "device", "precision", "trainable_params", "teacher_probes", "best")
+                "elapsed_s", "peak_memory", "device", "precision", "trainable_params", "teacher_probes", "best",
+                "train_speed", "timing", "teacher_seconds")
     summary = {
         "status": "done", "teacher": cfg.teacher, "teacher_ppl": teacher_ppl, "keep": keep, "inits": inits,
         "eval": {"data": cfg.eval, "window": cfg.eval_window, "windows": cfg.eval_windows},
@@ -367,7 +408,7 @@ def _finish(cfg, work, inits, keep, reports, init_info, teacher_ppl, data_info, 
     work.record("recovery.png")
     work.write_text("report.md", _report_markdown(cfg, summary, md))
     work.write_json("tcal_config.json", {"stage": "recover", **as_record(cfg)})
-    for name in ("recover_config.json", "teacher_ppl.json"):  # what a resumed run reads, not a result
+    for name in ("recover_config.json", "teacher_ppl.json", "teacher_scores.json"):  # what a resumed run reads
         work.remove(name)
     out = work.publish(cfg.out)
     print(md)
@@ -418,17 +459,27 @@ def _report_markdown(cfg: RecoverConfig, summary: dict, table_md: str) -> str:
         f"teacher PPL {summary['teacher_ppl']:.3f}",
         f"- calibration (inits that need it): {cfg.calib}, {cfg.calib_windows} x {cfg.calib_window} tokens",
         "",
-        "| init | PPL before | PPL after | tokens | train tokens/s | convert s | peak memory |",
-        "|---|---|---|---|---|---|---|",
+        "| init | PPL before | PPL after | tokens | train tokens/s | first step s | steady tokens/s | convert s | "
+        "peak memory |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for init, r in summary["runs"].items():
         mem = (r.get("peak_memory") or {}).get("bytes")
         conv = r.get("convert_s")
+        speed = r.get("train_speed") or {}
+        first = ", ".join(f"{x:.1f}" for x in speed.get("first_step_s") or []) or "-"
+        steady = "-" if speed.get("steady_tokens_per_s") is None else f"{speed['steady_tokens_per_s']:,.0f}"
         lines.append(
             f"| {init} | {r['zero_shot_ppl']:.2f} | {r['final_ppl']:.2f} | {r['tokens']:,} | "
-            f"{r['train_tokens_per_s']:,.0f} | {'-' if conv is None else f'{conv:.1f}'} | "
+            f"{r['train_tokens_per_s']:,.0f} | {first} | {steady} | {'-' if conv is None else f'{conv:.1f}'} | "
             f"{'-' if mem is None else f'{mem / 2 ** 30:.2f} GiB'} |"
         )
+    for init, r in summary["runs"].items():
+        from tcal.report.distill_report import timing_table
+
+        t = timing_table(r)
+        if t:
+            lines += ["", f"## Where {init}'s time went", "", *t]
     lines += ["", "## Tokens to reach each target", "", table_md,
               "Curves: recovery.png; per run: <init>/curve.csv.", ""]
     return "\n".join(lines)

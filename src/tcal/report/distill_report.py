@@ -9,13 +9,13 @@ def run_files(report: dict, cfg, *, title: str, tasks=()) -> dict:
     writes them): curve.csv, curve.png, tcal_config.json, report.json, report.md. ``tasks``: what the curve points
     scored."""
     from tcal.report.plots import plot_curve
-    from tcal.train.curve import curve_csv
+    from tcal.train.curve import curve_csv, timing_csv
 
     picks = next(((c, t.heading(c)) for t in tasks if t.picks_best for c in t.columns()), None)
     resolved = {"stage": "distill", **report["config"],
                 "resolved": {k: report[k] for k in ("device", "precision", "total_steps", "tokens_per_step",
                                                     "warmup_steps", "train_windows")}}
-    return {"curve.csv": curve_csv(report["curve"]),
+    return {"curve.csv": curve_csv(report["curve"]), "timing.csv": timing_csv(report.get("timing") or []),
             "curve.png": lambda path: plot_curve(report["curve"], path, teacher_ppl=report["teacher_ppl"], title=title,
                                                  teacher_probes=report.get("teacher_probes"), best_by=picks),
             "tcal_config.json": resolved, "report.json": report, "report.md": distill_markdown(report, cfg, tasks)}
@@ -38,6 +38,36 @@ def probe_table(report: dict, tasks) -> list[str]:
              "| teacher | " + " | ".join(f"{teacher[n]:.2f}" for n in names) + " |"]
     lines += [f"| {r['tokens']:,} | " + " | ".join(f"{r[n]:.2f}" if n in r else "-" for n in names) + " |"
               for r in report["curve"]]
+    return lines + [""]
+
+
+def timing_table(report: dict) -> list[str]:
+    """Where the run's time went, as markdown lines: each curve point's seconds per probe and per write, the training
+    between points, the first step (compiling) apart from the steady steps, the teacher's scores (none if unrecorded)."""
+    rows = report.get("timing") or []
+    lines = []
+    speed = report.get("train_speed") or {}
+    if speed.get("first_step_s"):
+        steady = speed.get("steady_tokens_per_s")
+        lines += [f"Training: first step of each session (compiling) {', '.join(f'{x:.1f}' for x in speed['first_step_s'])}"
+                  f" s; steady {'n/a' if steady is None else f'{steady:,.0f}'} tokens/s over {speed['steady_steps']} "
+                  f"steps ({speed['steady_s']:.1f} s).", ""]
+    teacher = report.get("teacher_seconds") or {}
+    if teacher:
+        took = ", ".join(f"{k} {v:.1f} s" for k, v in teacher.items() if isinstance(v, (int, float))
+                         and not isinstance(v, bool))
+        lines += [f"Teacher's scores: {took or 'n/a'}" + (" (computed by an earlier call or run of this experiment, "
+                  "read back here)" if teacher.get("read_back") else "") + ".", ""]
+    if not rows:
+        return lines
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update((k, None) for k in r if k not in ("tokens", "step"))
+    cols = list(keys)
+    lines += ["Seconds per curve point (timing.csv; `train`: training since the point before):", "",
+              "| tokens | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+    lines += [f"| {r['tokens']:,} | " + " | ".join("-" if r.get(c) is None else f"{r[c]:,.1f}" for c in cols) + " |"
+              for r in rows]
     return lines + [""]
 
 
@@ -81,10 +111,11 @@ def distill_markdown(report: dict, cfg, tasks=()) -> str:
     if tp:
         lines.append(f"Throughput: {tp:,.0f} training tokens/s (training steps only; evaluation and checkpoints "
                      f"excluded). Wall time {report['elapsed_s']:.1f} s over {report['segments']} session(s).")
+    lines += timing_table(report)
     lines += [
         f"Peak memory: {human_bytes(report['peak_memory']['bytes'])} ({report['peak_memory']['kind']}).",
         "",
-        "Curve: curve.csv, curve.png.",
+        "Curve: curve.csv, curve.png; time per point: timing.csv.",
         "",
     ]
     return "\n".join(lines)

@@ -57,7 +57,8 @@ def has_checkpoint(out) -> bool:
 
 # what a distillation run writes into its partial folder (a recover run's too): adopted from a run of a tcal that
 # did not mark the folder, where it holds a checkpoint
-RUN_FILES = ("checkpoint", ".checkpoint.old-*", "best", "curve.csv", "report.partial.json")
+RUN_FILES = ("checkpoint", ".checkpoint.old-*", "best", "curve.csv", "timing.csv", "teacher_scores.json",
+             "report.partial.json")
 
 
 def legacy_run(partial: Path) -> tuple[list[str], dict | None] | None:

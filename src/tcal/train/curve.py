@@ -41,3 +41,22 @@ def read_curve(path) -> list[dict]:
         ]
 
 
+
+
+TIMING_FIELDS = ("tokens", "step", "point", "ppl")
+
+
+def timing_csv(rows: list[dict]) -> str:
+    """Where each curve point's time went (``timing.csv``): seconds of the whole point, of the held-out PPL, of each
+    probe (HumanEval also as ``humaneval_generate`` and ``humaneval_score``), of the best-model and checkpoint writes
+    after it, and the training since the point before (seconds, tokens/s)."""
+    extra: dict[str, None] = {}
+    for r in rows:
+        extra.update((k, None) for k in r if k not in TIMING_FIELDS)
+    fields = [*TIMING_FIELDS, *extra]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(fields)
+    for r in rows:
+        w.writerow(["" if r.get(k) is None else _fmt(r[k]) for k in fields])
+    return buf.getvalue()

@@ -25,7 +25,7 @@ from tcal.evaluate import window_ppl
 from tcal.modules.distill_loss import chunked_distill_loss, final_hidden, lm_parts
 from tcal.train import distributed as D
 from tcal.train.checkpoint import checkpoint_dir, load_model, save_model
-from tcal.train.curve import curve_csv
+from tcal.train.curve import curve_csv, timing_csv
 from tcal.train.options import TrainOptions, changed_settings, check_train_options
 from tcal.train.sampler import Stream, WindowOrder, batch_for_step, mix_rows, mixed_batch_for_step
 from tcal.utils.atomic import write_json
@@ -183,6 +183,14 @@ class Trainer:
         self.step_count, self.curve = 0, []
         self.loss_sum, self.loss_count = 0.0, 0
         self.elapsed_before, self.train_s, self.segments = 0.0, 0.0, 1
+        # where the time goes: one row per curve point (seconds per probe, the best-model and checkpoint writes, the
+        # training since the point before), and each segment's first step (compiling) apart from the steady steps
+        self.timing: list[dict] = []
+        self.first_step_s: list[float] = []
+        self.steady_s, self.steady_steps = 0.0, 0
+        self._segment_steps = 0
+        self._train_mark = (0.0, 0)  # (train_s, step_count) at the last curve point
+        self.teacher_seconds: dict[str, float] = {}
         self.teacher_ppl: float | None = None
         self.teacher_probes: dict[str, float] | None = None
         self.best: dict | None = None  # the curve point of lowest best_by so far, its weights in PARTIAL/best
@@ -259,7 +267,14 @@ class Trainer:
         self.step_count += 1
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.train_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.train_s += dt
+        if self._segment_steps == 0:  # the first step of this process: compiling, autotuning, allocating
+            self.first_step_s.append(dt)
+        else:
+            self.steady_s += dt
+            self.steady_steps += 1
+        self._segment_steps += 1
         self.loss_sum += step_loss
         self.loss_count += 1
         return step_loss
@@ -269,13 +284,44 @@ class Trainer:
 
     def add_eval_point(self) -> dict:
         s = self.step_count
-        row = {"tokens": s * self.tokens_per_step, "step": s, "eval_ppl": self.evaluate(),
+        t_point = time.perf_counter()
+        ppl = self.evaluate()
+        seconds = {"ppl": time.perf_counter() - t_point}
+        row = {"tokens": s * self.tokens_per_step, "step": s, "eval_ppl": ppl,
                "train_loss": self.loss_sum / self.loss_count if self.loss_count else float("nan"),
                "lr": self.lr(max(s - 1, 0)), "elapsed_s": round(self.elapsed(), 3)}
-        row.update({name: probe(self.student) for name, probe in self.probes.items()})
+        scores, probe_s = timed_probes(self.probes, self.student)
+        row.update(scores)
+        seconds.update(probe_s)
         self.curve.append(row)
         self.loss_sum, self.loss_count = 0.0, 0
+        train_s, steps = self.train_s - self._train_mark[0], s - self._train_mark[1]
+        self._train_mark = (self.train_s, s)
+        self.timing.append({"tokens": row["tokens"], "step": s, **{k: round(v, 3) for k, v in seconds.items()},
+                            "point": round(time.perf_counter() - t_point, 3), "train": round(train_s, 3),
+                            "train_tokens_per_s": round(steps * self.tokens_per_step / train_s, 1) if train_s > 0
+                            else None})
         return row
+
+    def _note_time(self, key: str, seconds: float) -> None:
+        """Add a write's seconds (the best model, a checkpoint) to the last curve point's timing row."""
+        if self.timing:
+            last = self.timing[-1]
+            last[key] = round(last.get(key, 0.0) + seconds, 3)
+            last["point"] = round(last.get("point", 0.0) + seconds, 3)
+
+    def write_curve(self, partial: Work) -> None:
+        if self.main:
+            partial.write_text("curve.csv", curve_csv(self.curve))
+            partial.write_text("timing.csv", timing_csv(self.timing))
+
+    def train_speed(self) -> dict:
+        """Training speed: each segment's first step (compiling) apart from the steady steps after it."""
+        tps = self.tokens_per_step
+        return {"first_step_s": [round(x, 3) for x in self.first_step_s],
+                "steady_steps": self.steady_steps, "steady_s": round(self.steady_s, 3),
+                "steady_tokens_per_s": round(self.steady_steps * tps / self.steady_s, 1) if self.steady_s > 0
+                else None}
 
     def keep_best(self, row: dict, partial: Work) -> None:
         """Save the student as ``partial/best`` when ``row`` (a curve point) has the lowest ``best_by`` so far."""
@@ -284,10 +330,12 @@ class Trainer:
         if value is None or not math.isfinite(value) or (self.best is not None and value >= self.best[key]):
             return
         self.best = {"tokens": row["tokens"], "step": row["step"], key: value}
+        t0 = time.perf_counter()
         if self.main:
             with partial.dir("best") as tmp:
                 save_model(self.student, tmp)
                 write_json(tmp / "best.json", self.best)
+        self._note_time("best_write", time.perf_counter() - t0)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -297,7 +345,8 @@ class Trainer:
             "curve": self.curve, "loss_sum": self.loss_sum, "loss_count": self.loss_count,
             "elapsed_s": self.elapsed(), "train_s": self.train_s, "teacher_ppl": self.teacher_ppl,
             "teacher_probes": self.teacher_probes, "segments": self.segments, "config": self.settings,
-            "best": self.best,
+            "best": self.best, "timing": self.timing, "first_step_s": self.first_step_s, "steady_s": self.steady_s,
+            "steady_steps": self.steady_steps, "teacher_seconds": self.teacher_seconds,
             "scheduler": {"kind": self.cfg.schedule, "warmup_steps": self.warmup_steps,
                           "total_steps": self.total_steps, "next_step": self.step_count},
         }
@@ -309,6 +358,11 @@ class Trainer:
         self.teacher_ppl = st.get("teacher_ppl", self.teacher_ppl)
         self.teacher_probes = st.get("teacher_probes", self.teacher_probes)
         self.best = st.get("best")
+        self.timing = st.get("timing", [])
+        self.first_step_s = list(st.get("first_step_s", []))
+        self.steady_s, self.steady_steps = st.get("steady_s", 0.0), st.get("steady_steps", 0)
+        self.teacher_seconds = st.get("teacher_seconds") or self.teacher_seconds
+        self._train_mark = (self.train_s, self.step_count)
         self.segments = st.get("segments", 0) + 1
         self._t_start = time.time()
 
@@ -316,6 +370,12 @@ class Trainer:
         """Write the model (safetensors) and the resume state; under torchrun every rank takes part in
         gathering the full state dicts and rank 0 alone writes them (the files do not depend on the
         world size)."""
+        t0 = time.perf_counter()
+        self._save_checkpoint(partial)
+        self._note_time("checkpoint_write", time.perf_counter() - t0)
+        self.write_curve(partial)
+
+    def _save_checkpoint(self, partial: Work) -> None:
         dist = self.world.distributed
         model_state = D.full_model_state(self.student) if dist else None
         optim_state = D.full_optimizer_state(self.student, self.optimizer)
@@ -377,15 +437,25 @@ class Trainer:
     def _fit(self, partial: Work, callback) -> str:
         cfg, tps, main = self.cfg, self.tokens_per_step, self.main
         if self.teacher_ppl is None:
+            t0 = time.perf_counter()
             self.teacher_ppl = self.evaluate(self.teacher)
+            self.teacher_seconds["ppl"] = round(time.perf_counter() - t0, 3)
+        kept = partial.path / "teacher_scores.json"
+        if self.probes and self.teacher_probes is None and kept.is_file():  # a run killed before its first checkpoint
+            saved = json.loads(kept.read_text())
+            if set(saved.get("probes", {})) == set(self.probes):
+                self.teacher_probes = saved["probes"]
+                self.teacher_seconds = {**saved.get("seconds", {}), "read_back": True}
         if self.probes and self.teacher_probes is None:
-            self.teacher_probes = {name: probe(self.teacher) for name, probe in self.probes.items()}
+            self.teacher_probes, probe_s = timed_probes(self.probes, self.teacher)
+            self.teacher_seconds.update({k: round(v, 3) for k, v in probe_s.items()})
+            if main:
+                partial.write_json(kept.name, {"probes": self.teacher_probes, "seconds": self.teacher_seconds})
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if not self.curve:
             self.keep_best(self.add_eval_point(), partial)
-            if main:
-                partial.write_text("curve.csv", curve_csv(self.curve))
+            self.write_curve(partial)
         bar = tqdm(total=self.total_steps * tps, initial=self.step_count * tps, unit="tok", unit_scale=True,
                    desc="distill", disable=not (cfg.progress and main), dynamic_ncols=True, smoothing=0.1)
         status = "done"
@@ -408,8 +478,7 @@ class Trainer:
                     if self.rules.check_due(s):
                         row = self.add_eval_point()
                         self.keep_best(row, partial)
-                        if main:
-                            partial.write_text("curve.csv", curve_csv(self.curve))
+                        self.write_curve(partial)
                         self.student.train()
                         bar.set_postfix(loss=f"{row['train_loss']:.4f}", ppl=f"{row['eval_ppl']:.2f}")
                     if s < self.total_steps and crossed((s - 1) * tps, s * tps, cfg.save_every):
@@ -433,6 +502,7 @@ class Trainer:
             "final_ppl": self.curve[-1]["eval_ppl"] if self.curve else None,
             "train_tokens_per_s": (self.step_count * tps) / self.train_s if self.train_s > 0 else None,
             "train_s": self.train_s, "elapsed_s": self.elapsed(), "segments": self.segments, "best": self.best,
+            "train_speed": self.train_speed(), "timing": self.timing, "teacher_seconds": self.teacher_seconds,
             "peak_memory": peak_memory(self.device), "device": str(self.device),
             "world_size": self.world.world_size, "teacher_placement": self.placement,
             "precision": "bf16 autocast" if self.amp is not None else "fp32", "gdn_compile": self.gdn_compile,
@@ -441,9 +511,23 @@ class Trainer:
         }
 
 
+def timed_probes(probes: Mapping[str, Callable[[nn.Module], float]], model) -> tuple[dict, dict]:
+    """(scores, seconds) of every probe on ``model``. A probe that splits its time (HumanEval: generating and running
+    the programs) says so in its ``last_seconds`` attribute after the call: {part: seconds}, reported as NAME_PART."""
+    scores, seconds = {}, {}
+    for name, probe in probes.items():
+        t0 = time.perf_counter()
+        scores[name] = probe(model)
+        seconds[name] = time.perf_counter() - t0
+        parts = getattr(probe, "last_seconds", None)
+        if isinstance(parts, dict):
+            seconds.update({f"{name}_{k}": float(v) for k, v in parts.items()})
+    return scores, seconds
+
+
 def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: np.ndarray, eval_ids: torch.Tensor,
             partial: Work | Path, settings: dict | None = None, teacher_ppl: float | None = None,
-            teacher_probes: dict | None = None,
+            teacher_probes: dict | None = None, teacher_seconds: dict | None = None,
             callback: Callable[[int, int], None] | None = None, world: D.World | None = None,
             probes: Mapping[str, Callable[[nn.Module], float]] | None = None,
             prefix: tuple[int, ...] = (), train_mask: np.ndarray | None = None,
@@ -485,6 +569,8 @@ def distill(student, teacher, cfg: TrainOptions, *, tokens: int, train_tokens: n
                       mix_tokens=mix_tokens, best_by=best_by)
     trainer.teacher_ppl = teacher_ppl
     trainer.teacher_probes = teacher_probes  # the same prompts score the teacher once for several runs (recover)
+    if teacher_seconds:
+        trainer.teacher_seconds = dict(teacher_seconds)
     if resume_state is not None:
         trainer.resume_from(ckpt)
     else:

@@ -38,7 +38,7 @@ class HumanEval(Task):
         Option("sandbox", "auto", "auto (each program in kernel namespaces of its own where the kernel allows them, "
                                   "else with process guards only) or strict (refuse to run without the namespaces)",
                choices=SANDBOX_MODES),
-        Option("batch_size", None, "prompts generated together (default 16 on a CPU, 128 on a GPU)", kind=int,
+        Option("batch_size", None, "prompts generated together (default 16 on a CPU, 192 on a GPU)", kind=int,
                eval_only=True),
         Option("max_new_tokens", None, "the longest answer (default 512)", kind=int, eval_only=True),
         Option("engine", "tcal", generating_help(), choices=GENERATING, eval_only=True),
@@ -124,7 +124,13 @@ class HumanEval(Task):
     # -- curve points, ablation rows -----------------------------------------------------------------------------
 
     def probes(self):
-        return {"humaneval": lambda model: self.measure(model)["pass@1"]}
+        def probe(model):
+            r = self.measure(model)
+            # where a curve point's time goes (tcal.train.trainer.timed_probes)
+            probe.last_seconds = {"generate": r["generate_seconds"], "score": r["seconds"] - r["generate_seconds"]}
+            return r["pass@1"]
+
+        return {"humaneval": probe}
 
     def measure(self, model) -> dict:
         from tcal.evaluate.tasks.humaneval.problems import MAX_NEW_TOKENS, humaneval

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import time
 import zlib
@@ -249,7 +250,7 @@ class Result:
 
 
 def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *, limits: Limits = LIMITS,
-          workers: int = 2, allow_code_execution: bool = False, progress: bool = False, cut_answers: bool = True,
+          workers: int | None = None, allow_code_execution: bool = False, progress: bool = False, cut_answers: bool = True,
           sandbox: str = "auto", on_result: Callable[[Result], None] | None = None) -> list[Result]:
     """Run each problem's program (its completion, then its tests and ``check(entry_point)``) in its own sandbox
     (:mod:`sandbox`; ``sandbox="strict"``: only in kernel namespaces); a problem passes only when ``check`` returns.
@@ -271,6 +272,8 @@ def score(problems: Sequence[Problem], completions: Sequence[str], style: str, *
 
     from tqdm.auto import tqdm
 
+    if workers is None:  # half the cores (a GPU machine's 16 run the 164 programs 8 at a time), at least 2
+        workers = max(2, min(16, (os.cpu_count() or 2) // 2))
     with shielded(), ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(tqdm(pool.map(one, zip(problems, completions)), total=len(problems), desc="running the programs",
                          unit="program", disable=not progress, leave=False))

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tcal.data.corpora import as_corpus
-from tcal.engines.tcal_generate import generate_greedy
+from tcal.engines.tcal_generate import fast_path, generate_greedy
 from tcal.utils.errors import TcalError
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -249,12 +249,18 @@ def haystack_documents(task: str, haystack) -> Sequence[str]:
     return as_corpus(haystack).documents if get_task(task).haystack == "text" else ()
 
 
+# prompts of one length generated together on the fast path (the GPU): a curve point's passkey prompts in one batch
+FAST_BATCH = 32
+
+
 def answer(model, tokenizer, items: Sequence[Sample], *, batch_size: int = 4, progress: bool = False,
            desc: str = "generate") -> list[str]:
     """The greedy outputs for ``items``, each with its sample's room, stopped once it holds its answers."""
     # a row stops once its output holds every answer it is scored on: ``score`` is a substring test, so no later
     # token can change the row's score, and most rows of a model that retrieves stop after the value instead of
     # running out RULER's 128 tokens
+    if fast_path(model):  # tcal's static cache: every prompt of a length in one batch
+        batch_size = max(batch_size, FAST_BATCH)
     return generate_greedy(model, tokenizer, [s.prompt for s in items], max(s.max_new_tokens for s in items),
                            batch_size=batch_size, progress=progress, desc=desc,
                            done=lambda i, text: score(text, items[i].answers) == 1.0)
