@@ -8,6 +8,10 @@ stage are recorded so that a variant's CPU wall time can be checked against one 
     python bench/coder_levers.py --out runs/levers --parallel 3                  # every variant (a GPU)
     python bench/coder_levers.py --out runs/levers --variants uniform,answer     # some of them
     python bench/coder_levers.py --out /tmp/l --variants uniform --quick         # a smoke test on the CPU
+    python bench/coder_levers.py --out /tmp/levers --parallel 2 --detach         # on a GPU machine: runs on, detached
+
+``--detach`` copies src/ and bench/ (without results) to ``--job-dir`` and starts the sweep from that copy in a
+session of its own (log: JOB/levers.log), so it outlives the command that started it and a work tree laid anew.
 
 Writes OUT/levers.jsonl (one row per variant, as each finishes: flags, pass@1 with its Wilson interval, code and
 wiki PPL, the convert report's stage seconds and KL stage) and OUT/levers.md (the table); each variant's
@@ -19,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -115,6 +120,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def detach(args, argv: list[str]) -> int:
+    """The sweep started from its own copy of the code, in a session of its own: later commands may lay the work tree
+    anew (or take it away) while it runs."""
+    job = Path(args.job_dir)
+    code = job / "code"
+    shutil.rmtree(code, ignore_errors=True)
+    for d in ("src", "bench"):
+        shutil.copytree(ROOT / d, code / d, ignore=shutil.ignore_patterns("results", "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(code / "src"), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]))
+    with open(job / "levers.log", "a") as log:
+        proc = subprocess.Popen([sys.executable, str(code / "bench" / "coder_levers.py"), *argv], cwd=code, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f"started pid {proc.pid} from {code}; log {job / 'levers.log'}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -126,7 +148,11 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=164, help="HumanEval problems, the first N")
     ap.add_argument("--parallel", type=int, default=1, help="variants at once (a GPU holds several)")
     ap.add_argument("--quick", action="store_true", help="a smoke test: a few steps on tiny windows")
+    ap.add_argument("--detach", action="store_true", help="start from a copy of the code in --job-dir, detached")
+    ap.add_argument("--job-dir", default="/tmp/tcal-levers")
     args = ap.parse_args(argv)
+    if args.detach:
+        return detach(args, [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"])
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
