@@ -90,15 +90,31 @@ class Perplexity(Task):
         by = {d: self.score(model, d, progress=self.opts.progress) for d in self.domains}
         return {"ppl": by[self.domains[0]], "ppl_by_domain": by, "seconds": time.perf_counter() - t0}
 
-    def reports(self, model, tokenizer) -> dict[str, dict]:
-        """Every domain's perplexity with its protocol (:func:`~tcal.evaluate.likelihood.perplexity_report`)."""
+    def reports(self, model, tokenizer, *, kept_as=None) -> dict[str, dict]:
+        """Every domain's perplexity with its protocol (:func:`~tcal.evaluate.likelihood.perplexity_report`).
+
+        ``kept_as``: what the model is (:func:`~tcal.evaluate.score_cache.model_identity`) where it never changes
+        (a teacher): each report is kept in tcal's cache under it, how the model runs and the windows' tokens, and
+        read back by the next run (``cached: true`` in the report); None scores every time."""
         from tcal.evaluate.likelihood import perplexity_report
+        from tcal.evaluate.score_cache import cached, ids_digest, run_identity
 
         self.tokenizer = tokenizer
-        return {d: perplexity_report(model, tokenizer, self.windows(d) if self.corpora[d] is None else self.corpora[d],
+
+        def report(d):
+            return perplexity_report(model, tokenizer, self.windows(d) if self.corpora[d] is None else self.corpora[d],
                                      window=self.window, windows=self.n_windows, batch_size=BATCH,
                                      progress=self.opts.progress)
-                for d in self.domains}
+
+        if kept_as is None:
+            return {d: report(d) for d in self.domains}
+        out = {}
+        for d in self.domains:
+            key = {"model": kept_as, "run": run_identity(model), "data": d, "tokens": ids_digest(self.windows(d)),
+                   "window": self.window, "windows": self.n_windows, "batch": BATCH}
+            value, hit = cached("ppl", key, lambda: report(d))
+            out[d] = {**value, "cached": hit}
+        return out
 
     def describe(self) -> str:
         return (f"held-out perplexity of {', '.join(self.domains)}: the first {self.n_windows} non-overlapping "
