@@ -368,20 +368,30 @@ class Ownership:
         return self.everything or path in self.owned or path.split("/", 1)[0] in self.legacy_dirs
 
 
+def read_own_text(path: Path, bad: str, advice: str) -> str | None:
+    """The text of a file tcal keeps beside its work (a manifest, a mark), read as data: None where there is none; a
+    link, a folder or bytes that are not UTF-8 text are a one-line refusal, "``bad`` (why); ``advice``"."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    if path.is_symlink() or not path.is_file():
+        raise TcalError(f"{bad} (not a plain file); {advice}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise TcalError(f"{bad} (not UTF-8 text); {advice}") from None
+    except OSError as e:
+        raise TcalError(f"{bad} ({e.strerror}); {advice}") from None
+
+
 def read_manifest(out: str | os.PathLike):
     """The manifest of ``out`` as data: None where there is none; the list of files (a dict ``{"format", "stage",
     "files"}``), or the top-level names of an older manifest (a list of names). Anything else is a one-line
     refusal: a manifest tcal did not write is never used to replace or remove a file."""
     path = Path(out) / MANIFEST
-    if not (path.exists() or path.is_symlink()):
-        return None
     bad = f"{path} is not a manifest tcal wrote"
-    if path.is_symlink() or not path.is_file():
-        raise TcalError(f"{bad} (not a plain file); move it away and run again")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise TcalError(f"{bad} (not UTF-8 text); move it away and run again") from None
+    text = read_own_text(path, bad, "move it away and run again")
+    if text is None:
+        return None
     try:
         data = json.loads(text)
     except ValueError:  # an older manifest: top-level names, one a line

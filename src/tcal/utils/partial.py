@@ -40,6 +40,7 @@ from tcal.utils.atomic import (
     owned_files,
     prune,
     publish,
+    read_own_text,
     remove_files,
     temp_prefix,
     tree_files,
@@ -62,16 +63,14 @@ def read_mark(path: Path) -> dict | None:
     not what tcal writes (not JSON, another shape, a recorded path that leaves the folder) is a one-line refusal:
     nothing it lists is ever removed."""
     f = Path(path) / MARK
-    if not (f.exists() or f.is_symlink()):
+    bad, advice = f"{f} is not a mark tcal wrote", f"move {Path(path)} away or choose another --out"
+    text = read_own_text(f, bad, advice)
+    if text is None:
         return None
-    bad = f"{f} is not a mark tcal wrote"
-    if f.is_symlink() or not f.is_file():
-        raise TcalError(f"{bad} (not a plain file); move {Path(path)} away or choose another --out")
     try:
-        mark = json.loads(f.read_bytes().decode("utf-8"))
-    except (OSError, ValueError) as e:
-        raise TcalError(f"{bad} ({getattr(e, 'strerror', None) or 'not JSON text'}); move {Path(path)} away or "
-                        "choose another --out") from None
+        mark = json.loads(text)
+    except ValueError:
+        raise TcalError(f"{bad} (not JSON text); {advice}") from None
     if not (isinstance(mark, dict) and isinstance(mark.get("stage"), str)):
         raise TcalError(f"{bad} (not an object naming its command); move {Path(path)} away or choose another --out")
     for key in ("files", "temps"):
