@@ -66,7 +66,7 @@ def test_the_code_execution_gate_is_written_once_and_guards_every_command(tmp_pa
     # one place in the package refuses to run a model's code without --allow-code-execution
     hits = [f"{p.relative_to(ROOT)}:{n}" for p in (ROOT / "src" / "tcal").rglob("*.py")
             for n, line in enumerate(p.read_text().splitlines(), 1) if "add --allow-code-execution" in line]
-    assert len(hits) == 1 and hits[0].startswith("src/tcal/evaluate/sandbox.py:"), hits
+    assert len(hits) == 1 and hits[0].startswith("src/tcal/sandbox/core.py:"), hits
     model = tmp_path / "m"
     for argv in (("eval", model, "--tasks", "humaneval:2"), ("ablate", "--teacher", model, "--tasks", "humaneval"),
                  ("distill", model, "--teacher", model, "--data", "text:a b c", "--tasks", "humaneval:2"),

@@ -500,8 +500,15 @@ def root_of_its_own() -> dict:
 
     binds: dict[str, bool] = {_python(): False}
     paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib"):
-        binds[os.path.realpath(paths[key])] = True
+    binds[os.path.realpath(paths["stdlib"])] = True
+    plat = os.path.realpath(paths["platstdlib"])
+    # a virtual environment's platstdlib holds its site-packages alone (masked anyway): not bound, so a venv under
+    # /tmp leaves no path in the program's /tmp; elsewhere it holds compiled modules (lib-dynload) and is bound
+    try:
+        if set(os.listdir(plat)) - {"site-packages", "dist-packages"}:
+            binds[plat] = True
+    except OSError:
+        pass
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or "")
         if os.path.isfile(lib):

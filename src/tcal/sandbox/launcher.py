@@ -149,6 +149,11 @@ def build_root(cfg):
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches tcal's mounts
     nodes = {n: os.open(f"/dev/{n}", os.O_PATH) for n in DEVICES if os.path.exists(f"/dev/{n}")}
     mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m,nr_inodes=4096")
+    # the working directory first: an interpreter that lives under /tmp (a virtual environment there) is then bound
+    # inside it, read-only like every other bind, instead of being hidden by it
+    os.mkdir(new + "/tmp", 0o755)
+    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+          f"mode=700,size={cfg['disk_mb']}m,nr_inodes={max(4096, cfg['disk_mb'] * 256)},uid={inner},gid={inner}")
     for source, is_dir in root["binds"]:
         target = new + source
         os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
@@ -163,9 +168,6 @@ def build_root(cfg):
     for path in root["masks"]:
         if os.path.isdir(new + path):  # Python's package directories: empty
             mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=555,size=4k,nr_inodes=2")
-    os.mkdir(new + "/tmp", 0o755)
-    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"mode=700,size={cfg['disk_mb']}m,nr_inodes={max(4096, cfg['disk_mb'] * 256)},uid={inner},gid={inner}")
     os.mkdir(new + "/proc", 0o555)
     mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
     os.mkdir(new + "/dev", 0o755)
