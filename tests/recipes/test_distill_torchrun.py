@@ -23,7 +23,7 @@ TPS = SEQ * BATCH
 def flags(assets, out, **over):
     kw = dict(teacher=assets / "teacher", data=assets / "train.npy", eval=assets / "eval.npy", eval_window=32,
               eval_windows=2, tokens=6 * TPS, seq_len=SEQ, batch_size=BATCH, lr=3e-3, eval_every=2 * TPS,
-              eval_early=0, save_every=100 * TPS, kl_chunk=24, out=out, device="cpu", dist_timeout=2)
+              eval_early=0, save_every=100 * TPS, kl_chunk=24, out=out, device="cpu")
     kw.update(over)
     return [str(assets / "hybrid"), "--no-progress"] + [a for k, v in kw.items()
                                                         for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -36,7 +36,7 @@ def test_torchrun_distill_pauses_and_resumes_in_one_process(assets, tmp_path):
     out = tmp_path / "two"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), "-m", "tcal", "distill",
-           *flags(assets, out, stop_after_tokens=3 * TPS)]
+           *flags(assets, out, stop_after_tokens=3 * TPS, dist_timeout=2)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("tcal distill: paused at 192 of 384 tokens") == 1  # rank 0 alone prints
@@ -65,12 +65,18 @@ def test_torchrun_distill_pauses_and_resumes_in_one_process(assets, tmp_path):
     assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
 
 
-def test_recover_keeps_the_teacher_whole(tmp_path):
+def test_recover_keeps_the_teacher_whole(tmp_path, monkeypatch):
     import pytest
 
     from tcal.recipes import recover
     from tcal.utils.errors import TcalError
 
+    # outside torchrun nothing reads --teacher-placement; under it, recover refuses to shard the teacher
+    with pytest.raises(TcalError, match="--teacher-placement is read by a run under torchrun only"):
+        recover.run(recover.RecoverConfig(teacher_placement="shard", out=str(tmp_path / "r"), progress=False))
+    for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(free_port()))):
+        monkeypatch.setenv(name, value)  # a world of one process, as torchrun starts it
     with pytest.raises(TcalError, match="tcal recover keeps the teacher on every rank"):
         recover.run(recover.RecoverConfig(teacher_placement="shard", out=str(tmp_path / "r"), progress=False))
     assert not (tmp_path / "r.partial").exists()
