@@ -10,7 +10,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # low -> high; `tcal` itself (the package root) sits above them all
-LAYERS = ("utils", "ops", "modules", "families", "models", "data", "engines", "evaluate", "taylor", "conversion",
+LAYERS = ("utils", "sandbox", "ops", "modules", "families", "models", "data", "engines", "evaluate", "taylor", "conversion",
           "export", "train", "report", "airgap", "recipes", "cli", "__main__")
 
 

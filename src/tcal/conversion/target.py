@@ -45,9 +45,10 @@ def layout_blocker(config, attention: Sequence[int] | None = None) -> str | None
     layers (None: whichever are kept), in one line, or None: the family's rule (:meth:`tcal.families.Family.
     layout_blocker`: its ``layout``, the common rules, its own ``layout_rule``)."""
     fam = families.find(families.model_type(config))
-    if fam is None:
+    if fam is None or not fam.layout:
         return (f"the teacher is a {families.model_type(config)!r} model; the Qwen3.5 layout holds "
-                f"{families.supported(lambda f: f.layout)} decoder layers")
+                f"{families.supported(lambda f: f.layout)} decoder layers (two norms per layer, a SiLU MLP, unscaled "
+                "embeddings)")
     return fam.layout_blocker(config, attention)
 
 

@@ -1,5 +1,5 @@
 """``tcal bench``'s rows, one registry: each row times one model (the teacher or the hybrid) in one engine
-(:data:`tcal.engines.ENGINES`). The ``tcal`` engine's rows run the model tcal loads (:mod:`tcal.evaluate.speed`
+(:data:`tcal.engines.ENGINES`). The ``tcal`` engine's rows run the model tcal loads (:mod:`tcal.engines.speed`
 measures them); a row of an engine that reads an export runs a file written for it (a GGUF of the teacher in its
 family's llama.cpp architecture, or of the hybrid in the Qwen3.5 layout), timed by the engine's runner. Torch-free:
 ``tcal bench --help`` lists them."""
@@ -17,13 +17,9 @@ class BenchRow:
     fast_decoder: bool = False  # runs tcal's FastDecoder (its family must say fast_decoder)
     batched: bool = False  # --batch-sizes times it too
     cuda: bool = False  # needs CUDA
-
-    @property
-    def reads(self) -> str:
-        """What its engine runs: "tcal" (the model tcal loads) or an export format ("gguf")."""
-        from tcal.engines import get
-
-        return get(self.engine).reads
+    # what its engine runs: "tcal" (the model tcal loads) or an export format ("gguf"); the engine's own `reads`
+    # (tests/test_registries.py holds them equal), kept here so the rows need not import the engine registry
+    reads: str = "tcal"
 
 
 BENCH_ROWS: dict[str, BenchRow] = {r.name: r for r in (
@@ -35,9 +31,9 @@ BENCH_ROWS: dict[str, BenchRow] = {r.name: r for r in (
     BenchRow("generate", "hybrid", "tcal", "end-to-end HF generate vs FastDecoder.generate on the hybrid",
              fast_decoder=True),
     BenchRow("teacher-llama.cpp", "teacher", "llama.cpp", "the teacher as a GGUF of its family's llama.cpp "
-             "architecture, run by llama.cpp: pip install 'tcal[gguf]'"),
+             "architecture, run by llama.cpp: pip install 'tcal[gguf]'", reads="gguf"),
     BenchRow("hybrid-llama.cpp", "hybrid", "llama.cpp", "the hybrid as a GGUF of the Qwen3.5 layout, run by "
-             "llama.cpp: pip install 'tcal[gguf]'"),
+             "llama.cpp: pip install 'tcal[gguf]'", reads="gguf"),
 )}
 
 

@@ -19,7 +19,7 @@ class TcalRunner(Runner):
               threads: int | None = None, device: str = "cpu", cache_len: int | None = None) -> list[dict]:
         """The row ``name`` (:data:`tcal.engines.rows.BENCH_ROWS`: eager, FastDecoder, compiled, generate) of the
         loaded ``model`` on its own device, one per context (an error row where one fails)."""
-        from tcal.evaluate import speed
+        from tcal.engines import speed
 
         return [speed.measure_row(name, model, ctx, decode_tokens=decode_tokens, reps=reps,
                                   compiled_cache_len=cache_len) for ctx in contexts]

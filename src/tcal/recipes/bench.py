@@ -5,7 +5,7 @@ hybrid keeps ``--keep`` as attention, converted with init copy) or a saved tcal 
 For a directory the hybrid rows and ``generate`` run the loaded hybrid, and the teacher rows a
 random-weight model of the hybrid's base config: speed does not depend on weight values.
 
-Each of ``--rows`` runs at each of ``--contexts`` (see :mod:`tcal.evaluate.speed` for what each row
+Each of ``--rows`` runs at each of ``--contexts`` (see :mod:`tcal.engines.speed` for what each row
 measures); ``--batch-sizes`` adds batched decode throughput of the fast rows at ``--batch-context``
 (``max``: the largest batch that fits in free GPU memory); ``--check`` compares the hybrid's
 FastDecoder with the eager hybrid and an fp32 copy. The rows are one registry (:mod:`tcal.engines.rows`), each
@@ -246,7 +246,7 @@ def build_models(cfg: BenchConfig, p: Plan) -> tuple:
     from tcal.conversion.convert import convert
     from tcal.conversion.select import select_layers
     from tcal.data.teachers import load_model_dir
-    from tcal.evaluate.speed import weight_bytes
+    from tcal.engines.speed import weight_bytes
     from tcal.models.shapes import model_from_config, random_model
     from tcal.utils.runtime import resolve_dtype
 
@@ -291,8 +291,7 @@ def run(cfg: BenchConfig) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from tcal.engines import get
-    from tcal.evaluate import speed
+    from tcal.engines import get, speed
     from tcal.report.plots import plot_bench
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.progress import say
@@ -380,8 +379,7 @@ def _export_rows(cfg: BenchConfig, p: Plan, name: str, model) -> list[dict]:
     import tempfile
     from pathlib import Path
 
-    from tcal.engines import get
-    from tcal.evaluate import speed
+    from tcal.engines import get, speed
     from tcal.export.gguf import export_gguf, write_teacher_gguf
 
     spec = BENCH_ROWS[name]
