@@ -293,3 +293,17 @@ def attack_programs(tag: str, outside, module, port: int, evaluator: int | None 
                   "    time.sleep(60)\n    posix._exit(0)\n"
                   "libc.mount(b'tmpfs', ('/proc/%d' % pid).encode(), b'tmpfs', 0, None)\nos._exit(0)\n",
     }
+
+
+def publish_output(out, files: dict, stage: str = "convert"):
+    """A finished tcal output of ``stage`` at ``out``, written through ``atomic_dir``: ``files`` (relative path ->
+    text) and its tcal_config.json."""
+    import json
+
+    from tcal.utils.atomic import atomic_dir
+
+    with atomic_dir(out) as tmp:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text)
+        (tmp / "tcal_config.json").write_text(json.dumps({"stage": stage}))

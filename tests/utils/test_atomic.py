@@ -2,6 +2,7 @@ import os
 import tempfile
 
 import pytest
+from helpers import publish_output
 
 from tcal.utils.atomic import atomic_dir, check_out, publish_dir, release_locks
 from tcal.utils.errors import TcalError
@@ -85,43 +86,33 @@ def _tree(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.name.startswith(".tcal"))
 
 
-def _publish(out, files: dict, stage="convert"):
-    import json
-
-    with atomic_dir(out) as tmp:
-        for rel, text in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text)
-        (tmp / "tcal_config.json").write_text(json.dumps({"stage": stage}))
-
-
 def test_overwrite_replaces_and_removes_only_tcals_files_at_any_depth(tmp_path):
     from tcal.utils.atomic import owned_files
 
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1", "best/model.txt": "1", "best/old.txt": "1", "copy/deep/a.txt": "1"})
+    publish_output(out, {"model.txt": "1", "best/model.txt": "1", "best/old.txt": "1", "copy/deep/a.txt": "1"})
     assert owned_files(out) == ["best/model.txt", "best/old.txt", "copy/deep/a.txt", "model.txt", "tcal_config.json"]
     (out / "best" / "my_notes.txt").write_text("mine")  # the user's files inside tcal's folders and beside them
     (out / "copy" / "deep" / "mine.txt").write_text("mine")
     (out / "notes.txt").write_text("mine")
-    _publish(out, {"model.txt": "2", "best/model.txt": "2"})
+    publish_output(out, {"model.txt": "2", "best/model.txt": "2"})
     assert _tree(out) == ["best/model.txt", "best/my_notes.txt", "copy/deep/mine.txt", "model.txt", "notes.txt",
                           "tcal_config.json"]
     assert (out / "best" / "model.txt").read_text() == "2" and (out / "best" / "my_notes.txt").read_text() == "mine"
-    _publish(out, {"model.txt": "3"})  # a folder tcal emptied goes; one holding the user's file stays
+    publish_output(out, {"model.txt": "3"})  # a folder tcal emptied goes; one holding the user's file stays
     assert _tree(out) == ["best/my_notes.txt", "copy/deep/mine.txt", "model.txt", "notes.txt", "tcal_config.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left
 
 
 def test_a_file_of_the_users_where_the_new_output_writes_one_is_refused_not_replaced(tmp_path):
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1"})
+    publish_output(out, {"model.txt": "1"})
     (out / "report.md").write_text("mine")  # a name the next output writes, and not tcal's
     (out / "best").write_text("mine too")  # a file where the next output has a folder
     with pytest.raises(TcalError, match="report.md is not a file tcal wrote there"):
-        _publish(out, {"model.txt": "2", "report.md": "tcal"})
+        publish_output(out, {"model.txt": "2", "report.md": "tcal"})
     with pytest.raises(TcalError, match="best is not a file tcal wrote there"):
-        _publish(out, {"model.txt": "2", "best/model.txt": "tcal"})
+        publish_output(out, {"model.txt": "2", "best/model.txt": "tcal"})
     assert (out / "report.md").read_text() == "mine" and (out / "best").read_text() == "mine too"
     assert (out / "model.txt").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["out"]
 
@@ -137,7 +128,7 @@ def test_an_output_of_a_tcal_before_the_full_manifest_is_still_replaced(tmp_path
     for rel in ("model.txt", "stale.txt", "best/model.txt", "best/notes.txt", "tcal_config.json"):
         (out / rel).write_text("old")
     (out / MANIFEST).write_text("model.txt\nstale.txt\nbest\ntcal_config.json\n")
-    _publish(out, {"model.txt": "new", "best/model.txt": "new"})
+    publish_output(out, {"model.txt": "new", "best/model.txt": "new"})
     assert _tree(out) == ["best/model.txt", "best/notes.txt", "model.txt", "tcal_config.json"]
     assert (out / "best" / "model.txt").read_text() == "new" and (out / "best" / "notes.txt").read_text() == "old"
     bare = tmp_path / "bare"
@@ -145,7 +136,7 @@ def test_an_output_of_a_tcal_before_the_full_manifest_is_still_replaced(tmp_path
     (bare / "tcal_config.json").write_text('{"stage": "convert"}')
     (bare / "model.txt").write_text("old")
     (bare / "notes.txt").write_text("mine")
-    _publish(bare, {"model.txt": "new"})
+    publish_output(bare, {"model.txt": "new"})
     assert (bare / "model.txt").read_text() == "new" and (bare / "notes.txt").read_text() == "mine"
 
 

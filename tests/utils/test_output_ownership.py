@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from helpers import publish_output
 
 from tcal.utils import atomic
 from tcal.utils.atomic import MANIFEST, atomic_dir, check_out, release_locks
@@ -29,14 +30,6 @@ def _tree(root):
                   and not p.name.startswith(".tcal"))
 
 
-def _publish(out, files: dict, stage="convert"):
-    with atomic_dir(out) as tmp:
-        for rel, text in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text)
-        (tmp / "tcal_config.json").write_text(json.dumps({"stage": stage}))
-
-
 def _outside(tmp_path, *names):
     d = tmp_path / "outside"
     d.mkdir(exist_ok=True)
@@ -50,15 +43,15 @@ def _outside(tmp_path, *names):
 def test_overwrite_never_follows_a_link_the_user_put_in_the_output(tmp_path):
     """Before: a symlinked subfolder inside an output had the files of the folder it points to deleted."""
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1", "copy/model.txt": "1", "copy/stale.txt": "1"})
+    publish_output(out, {"model.txt": "1", "copy/model.txt": "1", "copy/stale.txt": "1"})
     outside = _outside(tmp_path, "model.txt", "stale.txt")
     (out / "copy" / "model.txt").unlink()
     (out / "copy" / "stale.txt").unlink()
     (out / "copy").rmdir()
     (out / "copy").symlink_to(outside)  # the user's link where tcal had a folder
     with pytest.raises(TcalError, match="copy is not a file tcal wrote there"):
-        _publish(out, {"model.txt": "2", "copy/model.txt": "2"})
-    _publish(out, {"model.txt": "2"})  # the stale files listed under copy/ are not reached through the link
+        publish_output(out, {"model.txt": "2", "copy/model.txt": "2"})
+    publish_output(out, {"model.txt": "2"})  # the stale files listed under copy/ are not reached through the link
     assert sorted(p.name for p in outside.iterdir()) == ["model.txt", "stale.txt"]
     assert (out / "copy").is_symlink() and (out / "model.txt").read_text() == "2"
 
@@ -110,7 +103,7 @@ def test_an_unmarked_partial_holding_a_checkpoint_is_refused_whatever_it_holds(t
 def test_a_manifest_that_is_not_tcals_is_one_line_never_a_traceback(tmp_path, content):
     """Before: a binary manifest was a UnicodeDecodeError; null or a list were read as names."""
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1"})
+    publish_output(out, {"model.txt": "1"})
     (out / MANIFEST).write_bytes(content)
     with pytest.raises(TcalError, match="is not a manifest tcal wrote"):
         check_out(out, "convert", overwrite=True)
@@ -148,8 +141,8 @@ def test_a_long_name_is_refused_for_its_own_reason_and_one_that_fits_is_written(
     with pytest.raises(TcalError, match="its name is 250 bytes, and the unfinished work"):
         check_out(tmp_path / ("x" * 250), "convert")
     out = check_out(tmp_path / ("y" * 247), "convert")
-    _publish(out, {"model.txt": "1"})
-    _publish(out, {"model.txt": "2"})
+    publish_output(out, {"model.txt": "1"})
+    publish_output(out, {"model.txt": "2"})
     assert (out / "model.txt").read_text() == "2"
 
 
@@ -212,7 +205,7 @@ def test_a_kill_during_overwrite_leaves_the_old_or_the_new_output_and_the_next_r
                                                                                            where):
     """Before: a kill during --overwrite's file-by-file merge left the new config beside the old weights."""
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1", "config.txt": "1"})
+    publish_output(out, {"model.txt": "1", "config.txt": "1"})
     (out / "notes.txt").write_text("mine")
     if where.startswith("rename"):
         monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
@@ -235,7 +228,7 @@ def test_a_kill_during_overwrite_leaves_the_old_or_the_new_output_and_the_next_r
             raise Killed
         monkeypatch.setattr(*target, killed)
     with pytest.raises(Killed):
-        _publish(out, {"model.txt": "2", "config.txt": "2"})
+        publish_output(out, {"model.txt": "2", "config.txt": "2"})
     monkeypatch.undo()
     if where != "rename-2":  # killed between the two renames: no OUT until the next run puts it back
         assert _loadable(out, "1") or _loadable(out, "2")
@@ -247,12 +240,12 @@ def test_a_kill_during_overwrite_leaves_the_old_or_the_new_output_and_the_next_r
 
 def test_overwrite_keeps_the_users_files_as_the_same_files(tmp_path):
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1", "best/model.txt": "1"})
+    publish_output(out, {"model.txt": "1", "best/model.txt": "1"})
     (out / "best" / "notes.txt").write_text("mine")
     (out / "empty").mkdir()
     (out / "link").symlink_to(tmp_path / "nowhere")
     inode = (out / "best" / "notes.txt").stat().st_ino
-    _publish(out, {"model.txt": "2"})
+    publish_output(out, {"model.txt": "2"})
     assert (out / "best" / "notes.txt").stat().st_ino == inode and (out / "empty").is_dir()
     assert (out / "link").is_symlink() and (out / "model.txt").read_text() == "2"
     assert not (out / "best" / "model.txt").exists()
@@ -290,7 +283,7 @@ def test_a_checkpoint_moved_aside_by_a_killed_run_is_put_back_and_temps_removed(
 
 def test_a_full_disk_is_one_line_naming_the_folder_and_the_earlier_output_stays(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    _publish(out, {"model.txt": "1"})
+    publish_output(out, {"model.txt": "1"})
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
