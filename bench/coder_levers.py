@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from tcal.evaluate.tasks.niah.ruler import accuracy_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,16 +51,6 @@ VARIANTS: dict[str, list[str]] = {
     "answer-own-w100-kl80": ["--keep", ANSWER_KEEP, *OWN, "--kl-windows", "100", "--kl-steps", "80"],
     "niah": ["--keep", "niah:50%"],
 }
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def run_variant(name: str, flags: list[str], args, out: Path) -> dict | None:
@@ -95,7 +86,7 @@ def run_variant(name: str, flags: list[str], args, out: Path) -> dict | None:
     if passed is None:  # older reports: a list of results
         rows = res.get("results", res if isinstance(res, list) else [])
         passed, n = sum(bool(r.get("passed")) for r in rows), len(rows)
-    lo, hi = wilson(passed, n)
+    lo, hi = accuracy_interval([1.0] * passed + [0.0] * (n - passed))  # Wilson, as tcal eval reports it
     ev = report.get("eval", {}).get("hybrid", {})
     row = {"variant": name, "flags": " ".join(flags), "passed": passed, "problems": n, "pass@1": passed / max(1, n),
            "wilson95": [round(lo, 3), round(hi, 3)], "ppl": {d: round(r["ppl"], 3) for d, r in ev.items()},
