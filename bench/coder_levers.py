@@ -48,6 +48,7 @@ VARIANTS: dict[str, list[str]] = {
     "answer-nokl": ["--keep", ANSWER_KEEP, "--kl-steps", "0"],
     "uniform-own": ["--keep", "uniform:50%", *OWN],
     "answer-own-p150-kl20": ["--keep", ANSWER_KEEP, *OWN, "--align-steps", "150", "--kl-steps", "20"],
+    "answer-p150-kl20": ["--keep", ANSWER_KEEP, "--align-steps", "150", "--kl-steps", "20"],
     "answer-own-w100-kl80": ["--keep", ANSWER_KEEP, *OWN, "--kl-windows", "100", "--kl-steps", "80"],
     "niah": ["--keep", "niah:50%"],
 }

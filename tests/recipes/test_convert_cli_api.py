@@ -10,6 +10,7 @@ import tcal
 from tcal.cli import main
 from tcal.data.teachers import load_teacher
 from tcal.taylor.phase2 import AlignConfig
+from tcal.utils.runtime import fit_matmul_kind
 
 
 @pytest.mark.parametrize("init", ["taylor", "taylor-exact-silent", "phase2"])
@@ -110,6 +111,46 @@ def test_keep_auto_is_the_teachers_convert_share(workspace, monkeypatch):
     assert linear == layers - round(0.75 * layers) and linear >= 1
     assert converted("mine", "--keep", "uniform:50%")[0] == layers // 2
     assert budgets == ["reference"]  # asked once, for the auto run, with the CPU's budget
+
+
+def test_a_teachers_cpu_recipe_fills_what_the_user_left_to_auto(workspace, monkeypatch, capsys):
+    """tcal convert on a CPU with --calib-budget auto runs the teacher's CPU recipe (its budget, kept layers and
+    step counts); each flag the user gives wins, an init without a KL stage and a named budget leave it unused."""
+    import tcal.data.teacher_table as table
+
+    assert table.TeacherRef("qwen2.5-coder-0.5b").cpu_convert == table.CODER_05B_CPU
+    assert table.TeacherRef("qwen2.5-coder-1.5b").cpu_convert is None  # measured for the 0.5B only
+    assert table.CODER_05B_CPU.flags() == ("--calib-budget medium --keep 0,1,5,6,8,10,13,14,15,16,17,20 "
+                                           "--align-steps 150 --kl-steps 20 --kl-data answers --fit-matmul fast")
+    recipe = table.CpuRecipe("reference", keep="0,2", align_steps=3, kl_steps=2, kl_data="calib", fit_matmul="fast")
+    monkeypatch.setattr(table.TeacherRef, "cpu_convert", property(lambda ref: recipe))
+
+    def converted(name, *flags, init="taylor"):
+        calib = ["--calib", workspace / "calib.txt", "--calib-window", 32, "--calib-windows", 4] if init != "copy" else []
+        argv = ["convert", "--teacher", workspace / "teacher", "--init", init, *calib, *flags, "--eval", "none",
+                "--device", "cpu", "--no-progress", "--out", workspace / name]
+        assert main([str(a) for a in argv]) == 0
+        cfg = json.loads((workspace / name / "tcal_config.json").read_text())
+        report = json.loads((workspace / name / "report.json").read_text())
+        kept = [i for i, t in enumerate(report["layer_types"]) if t != "linear_attention"]
+        return cfg, report, kept
+
+    cfg, report, kept = converted("recipe")
+    assert "its CPU recipe, --calib-budget reference --keep 0,2 --align-steps 3 --kl-steps 2" in capsys.readouterr().out
+    assert (cfg["calib_budget"], cfg["keep"], cfg["align_steps"], cfg["kl_steps"], kept) == (
+        "reference", "0,2", 3, 2, [0, 2])
+    assert report["kl_stage"]["steps_run"] == 2 and report["calibration"]["align"]["steps"] == 3
+    assert cfg["fit_matmul"] == "fast" and report["calibration"]["align"]["tf32"] is True
+    assert set(report["calibration"]["matmul"].values()) == {fit_matmul_kind("cpu")}  # what ran, in the report
+    cfg, _, kept = converted("mine", "--keep", "0,1", "--kl-steps", "1")  # the user's flags win, the rest is the recipe's
+    assert (cfg["keep"], kept, cfg["kl_steps"], cfg["align_steps"]) == ("0,1", [0, 1], 1, 3)
+    capsys.readouterr()
+    cfg, report, _ = converted("named", "--calib-budget", "reference", "--keep", "0,2")  # a named budget is itself
+    assert (cfg["align_steps"], cfg["kl_steps"], cfg["fit_matmul"]) == (None, None, "auto")
+    assert report["calibration"]["matmul"] == {"phase2": "fp32", "kl": "fp32"}  # a CPU's default
+    cfg, _, _ = converted("copy", init="copy")  # no KL stage: the recipe is not this init's
+    assert (cfg["calib_budget"], cfg["keep"]) == ("auto", "auto")
+    assert "CPU recipe" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("init, extra", [("taylor", ["--align-steps", 2, "--kl-steps", 2]), ("phase1", [])])

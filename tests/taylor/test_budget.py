@@ -11,7 +11,7 @@ from tcal.utils.errors import TcalError
 def test_calib_flags():
     names = [f.name for f in dataclasses.fields(CalibArgs)]
     assert names == ["calib", "calib_budget", "calib_window", "calib_windows", "align_steps", "kl_steps",
-                     "kl_recall_frac", "kl_recall_span", "kl_data", "kl_windows"]
+                     "kl_recall_frac", "kl_recall_span", "kl_data", "kl_windows", "fit_matmul"]
     assert (CalibArgs().calib, CalibArgs().calib_budget, CalibArgs().calib_window, CalibArgs().calib_windows,
             CalibArgs().align_steps) == ("auto", "auto", None, None, None)
 
@@ -51,6 +51,17 @@ def test_calibration_budget_follows_the_device_and_explicit_flags_win():
                                                                       "got 300")):
         with pytest.raises(TcalError, match=message):
             CalibArgs(**bad).check_calib()
+
+
+def test_fit_matmul_sets_both_fits_and_auto_leaves_the_device_default():
+    auto = CalibArgs(calib_budget="medium").budget("cpu")
+    assert (auto.align.tf32, auto.kl.tf32) == (None, None)  # the device's: TF32 on CUDA, fp32 on a CPU
+    for flag, value in (("fast", True), ("fp32", False)):
+        b = CalibArgs(calib_budget="medium", fit_matmul=flag).budget("cpu")
+        assert (b.align.tf32, b.kl.tf32) == (value, value)
+        assert dataclasses.replace(b.align, tf32=None) == auto.align  # nothing else changed
+    with pytest.raises(TcalError, match="--fit-matmul must be auto, fast or fp32, got 'bf16'"):
+        CalibArgs(fit_matmul="bf16").check_calib()
 
 
 def test_a_resolved_budget_holds_its_own_configs():

@@ -38,6 +38,27 @@ def _is_auto(value) -> bool:
     return isinstance(value, str) and value.strip() == AUTO
 
 
+def apply_cpu_recipe(cfg, ref: TeacherRef, given) -> str | None:
+    """``tcal convert`` on a CPU with ``--calib-budget auto``: the teacher's CPU recipe (:class:`CpuRecipe`) fills
+    the budget and each of its flags the user left to its default (``given``: the flags as typed,
+    :func:`tcal.utils.flags.as_given`). Returns the recipe's flags as the user would type them, or None where the
+    teacher has no recipe or the budget was named."""
+    recipe = ref.cpu_convert
+    if recipe is None or not _is_auto(cfg.calib_budget):
+        return None
+    cfg.calib_budget = recipe.budget
+    for name in ("align_steps", "kl_steps"):
+        if getattr(given, name) is None:
+            setattr(cfg, name, getattr(recipe, name))
+    if _is_auto(given.kl_data):
+        cfg.kl_data = recipe.kl_data
+    if _is_auto(given.keep):
+        cfg.keep = recipe.keep
+    if _is_auto(given.fit_matmul):
+        cfg.fit_matmul = recipe.fit_matmul
+    return recipe.flags()
+
+
 def resolve_teacher_args(cfg, teacher=None, *, every_eval: bool = False, keep_budget: str | None = None,
                          check: bool = True) -> TeacherRef:
     """A command's teacher (``teacher``, default ``cfg.teacher``) read once, and each of ``cfg``'s flags that says

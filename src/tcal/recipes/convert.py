@@ -48,9 +48,10 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.conversion.convert import convert_with_record
     from tcal.conversion.inits import get_init, init_readers
     from tcal.conversion.policy import AUTO, parse_keep, parse_policy
-    from tcal.conversion.resolve import resolve_teacher_args
+    from tcal.conversion.resolve import apply_cpu_recipe, resolve_teacher_args
     from tcal.data.corpora import as_corpus, check_disjoint
     from tcal.data.overlap import check_no_eval_text
+    from tcal.data.teacher_table import TeacherRef
     from tcal.data.teachers import load_teacher
     from tcal.data.tokens import mixture_parts
     from tcal.evaluate.plan import held_out
@@ -65,8 +66,13 @@ def _run(cfg: ConvertConfig, world) -> Path:
                         "attention q/k norms); convert in float32 or bfloat16")
     resolve_dtype(cfg.dtype)
     keep_auto = cfg.keep.strip() == AUTO
-    resolve_teacher_args(cfg, keep_budget=cfg.budget_name(world.device))
     spec = get_init(cfg.init)
+    ref = TeacherRef(cfg.teacher)
+    recipe = apply_cpu_recipe(cfg, ref, given) if spec.kl and str(world.device).startswith("cpu") else None
+    if recipe is not None and world.is_main():
+        print(f"{cfg.teacher} on a CPU: its CPU recipe, {recipe} (flags you give win; --calib-budget NAME for a "
+              "named budget as it is)", flush=True)
+    resolve_teacher_args(cfg, ref, keep_budget=cfg.budget_name(world.device))
     out = check_out(cfg.out, "convert", cfg.overwrite)
     keep = parse_keep(cfg.keep)
     policy = parse_policy(keep, num_layers=None)  # the policy's syntax; its K is checked against the teacher later
@@ -117,6 +123,8 @@ def _run(cfg: ConvertConfig, world) -> Path:
               "kl_stage": kl_summary(record["detail"]),
               "calibration": record.get("calibration") and {
                   **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
+                  "matmul": {k: record["detail"].get(f"{k}_matmul") for k in ("phase2", "kl")
+                             if record["detail"].get(f"{k}_matmul")},
                   **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
     if evaluate:
         from tcal.evaluate.score_cache import model_identity

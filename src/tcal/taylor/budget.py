@@ -86,6 +86,11 @@ class CalibArgs:
                                "for every built-in teacher")
     kl_windows: int | None = arg(None, "chat windows of the KL stage with --kl-data chat:CODE, a quarter held out "
                                        "(default: the budget's, 20 x 512 tokens reference, 160 x 1024 large and xl)")
+    fit_matmul: str = arg("auto", "matrix products of Phase 2 and the KL stage: fast (TF32 on a CUDA GPU, bf16 "
+                                   "products with fp32 sums on a CPU with AMX or AVX-512 BF16, fp32 on other CPUs), "
+                                   "fp32, or auto (fast on a GPU; on a CPU, fp32 unless the teacher's CPU recipe "
+                                   "says fast)",
+                          choices=("auto", "fast", "fp32"))
 
     def check_calib(self) -> None:
         if self.calib_window is not None and self.calib_window < 2:
@@ -114,6 +119,8 @@ class CalibArgs:
         if self.chat_kl() and self.kl_recall_frac:
             raise TcalError(f"--kl-recall-frac copies spans into the calibration windows, and --kl-data {kl_data} "
                             "fits chat windows whose answers a copy would break: use one or the other")
+        if self.fit_matmul not in ("auto", "fast", "fp32"):
+            raise TcalError(f"--fit-matmul must be auto, fast or fp32, got {self.fit_matmul!r}")
         if self.calib_budget not in ("auto", *CALIB_BUDGETS):
             raise TcalError(f"--calib-budget must be auto, {' or '.join(CALIB_BUDGETS)}; got {self.calib_budget!r}")
 
@@ -140,6 +147,9 @@ class CalibArgs:
             align = dataclasses.replace(align, steps=self.align_steps)
         if self.kl_steps is not None:
             kl = dataclasses.replace(kl, steps=self.kl_steps)
+        if self.fit_matmul != "auto":
+            fast = self.fit_matmul == "fast"
+            align, kl = dataclasses.replace(align, tf32=fast), dataclasses.replace(kl, tf32=fast)
         window = self.calib_window or b.window
         recall = kl.recall_frac if self.kl_recall_frac is None else self.kl_recall_frac  # the flag's, 0 included
         if recall > 0:

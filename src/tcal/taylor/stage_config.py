@@ -43,8 +43,8 @@ class AlignConfig:
     # of them instead of one small step each. The same fits up to float rounding; None: on CUDA, where
     # the small per-layer steps leave the GPU waiting on launches (on CPU it saves nothing).
     concurrent: bool | None = None
-    # TF32 matrix products on CUDA (None or True; False: full fp32). Calibration fits tolerate TF32's
-    # 10-bit mantissa and run several times faster with it; CPU is unaffected.
+    # Reduced-precision fp32 matrix products (runtime.tf32_matmul): TF32 on CUDA, bf16 products on a CPU with AMX /
+    # AVX-512 BF16. True: on; False: full fp32; None: the device's default (on for CUDA, off for a CPU).
     tf32: bool | None = None
 
     def __post_init__(self):
@@ -107,7 +107,7 @@ class KLConfig:
     # keep the frozen teacher's final hidden states of the held-out and training sequences instead of
     # a teacher forward per step and per evaluation, as far as they fit runtime.memory_budget
     cache_teacher: bool = True
-    tf32: bool | None = None  # TF32 matrix products on CUDA (None or True; False: full fp32)
+    tf32: bool | None = None  # as AlignConfig.tf32: True TF32 on CUDA / bf16 products on a bf16 CPU, False fp32
     # The recall mix on the stage's sequences (tcal.data.recall; 0 = off): this share of the training and held-out
     # calibration sequences ends with a copy of an earlier recall_span-token span of itself, so the KL, and the
     # held-out KL that picks the state kept, also ask for copying from far back in the context.

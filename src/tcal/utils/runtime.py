@@ -54,21 +54,58 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def cpu_bf16_products() -> bool:
+    """Whether this CPU multiplies bf16 in hardware through oneDNN (AMX or AVX-512 BF16): where it does, fp32
+    matrix products can run with bf16 products and fp32 sums, as TF32 does on a GPU."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def fit_products_on(setting: bool | None, device) -> bool:
+    """Whether a fit runs its fp32 matrix products at reduced precision (:func:`tf32_matmul`): ``setting`` True or
+    False as given (``--fit-matmul fast`` / ``fp32``), None the device's default: on for CUDA (TF32), off for a CPU
+    (bf16 products are a choice the teacher's CPU recipe or the user makes)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return bool(setting) if setting is not None else device.type == "cuda"
+
+
+def fit_matmul_kind(device, on: bool = True) -> str:
+    """What :func:`tf32_matmul` runs fp32 matrix products as on ``device``: ``tf32``, ``bf16`` or ``fp32``."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if not on:
+        return "fp32"
+    if device.type == "cuda":
+        return "tf32"
+    return "bf16" if device.type == "cpu" and cpu_bf16_products() else "fp32"
+
+
 @contextlib.contextmanager
 def tf32_matmul(device, on: bool = True):
-    """Within the block, fp32 matrix products on a CUDA ``device`` run on TF32 tensor cores (``on``): several
-    times fp32's throughput, with a 10-bit mantissa in the products and fp32 sums, enough for the fits of
-    calibration. The previous setting comes back afterwards; on CPU nothing changes."""
+    """Within the block, fp32 matrix products run at reduced precision where the hardware has a fast unit for it
+    (``on``): TF32 tensor cores on a CUDA ``device`` (a 10-bit mantissa in the products), oneDNN's bf16 products on
+    a CPU that has AMX or AVX-512 BF16 (8 bits); sums stay fp32. Calibration's fits tolerate either and run several
+    times faster. The previous setting comes back afterwards; elsewhere nothing changes."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type != "cuda":
+    if device.type == "cuda":
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = bool(on)
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+        return
+    if device.type != "cpu" or not on or not cpu_bf16_products():
         yield
         return
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = bool(on)
+    matmul = torch.backends.mkldnn.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "bf16"
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+        matmul.fp32_precision = previous
 
 
 def peak_memory(device: torch.device) -> dict:
