@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import re
 import sys
@@ -54,12 +55,25 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_bf16_products() -> bool:
-    """Whether this CPU multiplies bf16 in hardware through oneDNN (AMX or AVX-512 BF16): where it does, fp32
-    matrix products can run with bf16 products and fp32 sums, as TF32 does on a GPU."""
+    """Whether fp32 matrix products on this CPU can run as bf16 products (oneDNN on AMX or AVX-512 BF16): as TF32 on
+    a GPU, bf16 products and fp32 sums. Checked once by a product that bf16 operands must change, so a build or CPU
+    where the setting is accepted but not honoured never reports bf16."""
     try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN
+        if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            return False
+        a = torch.full((64, 256), 1.0 + 2.0**-12)  # fp32 holds it, bf16 rounds it to 1 (small products skip oneDNN)
+        exact = float((a @ a.t())[0, 0])
+        matmul = torch.backends.mkldnn.matmul
+        previous = matmul.fp32_precision
+        matmul.fp32_precision = "bf16"
+        try:
+            reduced = float((a @ a.t())[0, 0])
+        finally:
+            matmul.fp32_precision = previous
+        return reduced != exact
+    except (AttributeError, RuntimeError):  # a build without oneDNN or without the setting
         return False
 
 
