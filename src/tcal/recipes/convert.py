@@ -57,7 +57,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.evaluate.plan import held_out
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.flags import Reader, as_given, refuse_unread
-    from tcal.utils.runtime import peak_memory, resolve_dtype
+    from tcal.utils.runtime import fit_matmul_kind, fit_products_on, peak_memory, resolve_dtype
 
     # every argument is checked before the teacher loads
     given = as_given(cfg)
@@ -123,8 +123,11 @@ def _run(cfg: ConvertConfig, world) -> Path:
               "kl_stage": kl_summary(record["detail"]),
               "calibration": record.get("calibration") and {
                   **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
-                  "matmul": {k: record["detail"].get(f"{k}_matmul") for k in ("phase2", "kl")
-                             if record["detail"].get(f"{k}_matmul")},
+                  # what the fits' fp32 products ran as: tf32, bf16 or fp32 (runtime.tf32_matmul)
+                  "matmul": {**({"phase2": fit_matmul_kind(device, fit_products_on(budget.align.tf32, device))}
+                                if spec.phase2 else {}),
+                             **({"kl": fit_matmul_kind(device, fit_products_on(budget.kl.tf32, device))}
+                                if spec.kl else {})},
                   **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
     if evaluate:
         from tcal.evaluate.score_cache import model_identity
