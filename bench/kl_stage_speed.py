@@ -87,7 +87,7 @@ def compare_heldout(teacher, tok, args) -> dict:
         cfg = dataclasses.replace(b.kl, **{"steps": args.steps, "patience": None, **kw})
         hybrid = copy.deepcopy(conv.hybrid)
         with ops.torch_only(ops.compile_by_default(dev)), ops.compile_training(compile_calibration(dev, b.window)), \
-                tf32_matmul(dev, True):
+                tf32_matmul(dev, cfg.tf32):
             _sync(dev)
             t0 = time.perf_counter()
             rec = kl_stage(hybrid, teacher, train, held, cfg)

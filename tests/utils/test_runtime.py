@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tcal.utils.runtime import cpu_bf16_products, fit_matmul_kind, fit_products_on, tf32_matmul
+from tcal.utils.runtime import cpu_bf16_products, fit_matmul_kind, tf32_matmul
 
 
 def _mm():
@@ -47,8 +47,8 @@ def test_an_error_inside_restores_the_setting():
 
 
 def test_the_device_default_is_tf32_on_cuda_and_fp32_on_a_cpu():
-    assert fit_products_on(None, "cuda") and not fit_products_on(None, "cpu")
-    assert fit_products_on(True, "cpu") and not fit_products_on(False, "cuda")
+    assert fit_matmul_kind("cuda", None) == "tf32" and fit_matmul_kind("cpu", None) == "fp32"
+    assert fit_matmul_kind("cpu", True) == fit_matmul_kind("cpu") and fit_matmul_kind("cuda", False) == "fp32"
     assert fit_matmul_kind("cuda") == "tf32" and fit_matmul_kind("cuda", on=False) == "fp32"
     assert fit_matmul_kind("cpu") == ("bf16" if cpu_bf16_products() else "fp32")
     assert fit_matmul_kind("cpu", on=False) == "fp32"

@@ -57,7 +57,7 @@ def _run(cfg: ConvertConfig, world) -> Path:
     from tcal.evaluate.plan import held_out
     from tcal.utils.atomic import atomic_dir, check_out, write_json, written_files
     from tcal.utils.flags import Reader, as_given, refuse_unread
-    from tcal.utils.runtime import fit_matmul_kind, fit_products_on, peak_memory, resolve_dtype
+    from tcal.utils.runtime import fit_matmul_kind, peak_memory, resolve_dtype
 
     # every argument is checked before the teacher loads
     given = as_given(cfg)
@@ -124,9 +124,9 @@ def _run(cfg: ConvertConfig, world) -> Path:
               "calibration": record.get("calibration") and {
                   **record["calibration"], "budget": budget.name, "align": dataclasses.asdict(budget.align),
                   # what the fits' fp32 products ran as: tf32, bf16 or fp32 (runtime.tf32_matmul)
-                  "matmul": {**({"phase2": fit_matmul_kind(device, fit_products_on(budget.align.tf32, device))}
+                  "matmul": {**({"phase2": fit_matmul_kind(device, budget.align.tf32)}
                                 if spec.phase2 else {}),
-                             **({"kl": fit_matmul_kind(device, fit_products_on(budget.kl.tf32, device))}
+                             **({"kl": fit_matmul_kind(device, budget.kl.tf32)}
                                 if spec.kl else {})},
                   **({"kl": dataclasses.asdict(budget.kl)} if spec.kl else {})}}
     if evaluate:

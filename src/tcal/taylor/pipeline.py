@@ -33,7 +33,7 @@ from tcal.taylor.phase2 import align_layers, concurrent_on
 from tcal.taylor.stage_config import AlignConfig, KLConfig
 from tcal.taylor.statistics import TeacherStats, collect_stats
 from tcal.utils.errors import TcalError
-from tcal.utils.runtime import fit_products_on, memory_budget, tf32_matmul
+from tcal.utils.runtime import memory_budget, tf32_matmul
 
 
 def split_calibration(n: int, heldout_frac: float, max_heldout: int = AlignConfig.heldout_max_sequences,
@@ -333,7 +333,7 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
         with ops.compile_training(compile_calibration(device, calibration.ids.shape[1]) if compile is None
                                   else compile):
             if phase2:
-                with tf32_matmul(device, fit_products_on(align.tf32, device)):
+                with tf32_matmul(device, align.tf32):
                     record["phase2"] = align_per_layer(hybrid, calibration, align, batch_size=batch_size,
                                                        progress=progress, spread=spread)
             if kl is not None and kl.steps:
@@ -341,7 +341,7 @@ def calibrate(hybrid, teacher, calibration, *, phase1: str | None = None, phase2
                 kl_record = None
                 if rank == 0:
                     # rank 0 alone: the same fit on every rank could drift apart through non-deterministic GPU kernels
-                    with tf32_matmul(device, fit_products_on(kl.tf32, device)):
+                    with tf32_matmul(device, kl.tf32):
                         if kl_data is None:
                             kl_record = kl_stage(hybrid, teacher, calibration.ids[calibration.train_rows],
                                                  calibration.ids[calibration.heldout_rows], kl, progress=progress)

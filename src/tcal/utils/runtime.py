@@ -77,17 +77,13 @@ def cpu_bf16_products() -> bool:
         return False
 
 
-def fit_products_on(setting: bool | None, device) -> bool:
-    """Whether a fit runs its fp32 matrix products at reduced precision (:func:`tf32_matmul`): ``setting`` True or
-    False as given (``--fit-matmul fast`` / ``fp32``), None the device's default: on for CUDA (TF32), off for a CPU
-    (bf16 products are a choice the teacher's CPU recipe or the user makes)."""
+def fit_matmul_kind(device, on: bool | None = True) -> str:
+    """What :func:`tf32_matmul` runs fp32 matrix products as on ``device``: ``tf32``, ``bf16`` or ``fp32``. ``on``
+    True or False as given (``--fit-matmul fast`` / ``fp32``); None is the device's default: on for CUDA (TF32), off
+    for a CPU (bf16 products are a choice the teacher's CPU recipe or the user makes)."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    return bool(setting) if setting is not None else device.type == "cuda"
-
-
-def fit_matmul_kind(device, on: bool = True) -> str:
-    """What :func:`tf32_matmul` runs fp32 matrix products as on ``device``: ``tf32``, ``bf16`` or ``fp32``."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    if on is None:
+        on = device.type == "cuda"
     if not on:
         return "fp32"
     if device.type == "cuda":
@@ -96,30 +92,27 @@ def fit_matmul_kind(device, on: bool = True) -> str:
 
 
 @contextlib.contextmanager
-def tf32_matmul(device, on: bool = True):
-    """Within the block, fp32 matrix products run at reduced precision where the hardware has a fast unit for it
-    (``on``): TF32 tensor cores on a CUDA ``device`` (a 10-bit mantissa in the products), oneDNN's bf16 products on
-    a CPU that has AMX or AVX-512 BF16 (8 bits); sums stay fp32. Calibration's fits tolerate either and run several
-    times faster. The previous setting comes back afterwards; elsewhere nothing changes."""
+def tf32_matmul(device, on: bool | None = True):
+    """Within the block, fp32 matrix products run as :func:`fit_matmul_kind` says (``on``: True, False, or None for
+    the device's default): on TF32 tensor cores on a CUDA ``device`` (a 10-bit mantissa in the products), as
+    oneDNN's bf16 products on a CPU that has AMX or AVX-512 BF16 (8 bits); sums stay fp32. Calibration's fits
+    tolerate either and run several times faster. The previous setting comes back afterwards; elsewhere nothing
+    changes."""
+    kind = fit_matmul_kind(device, on)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = bool(on)
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-        return
-    if device.type != "cpu" or not on or not cpu_bf16_products():
+        backend, attr, value = torch.backends.cuda.matmul, "allow_tf32", kind == "tf32"
+    elif kind == "bf16":
+        backend, attr, value = torch.backends.mkldnn.matmul, "fp32_precision", "bf16"
+    else:
         yield
         return
-    matmul = torch.backends.mkldnn.matmul
-    previous = matmul.fp32_precision
-    matmul.fp32_precision = "bf16"
+    previous = getattr(backend, attr)
+    setattr(backend, attr, value)
     try:
         yield
     finally:
-        matmul.fp32_precision = previous
+        setattr(backend, attr, previous)
 
 
 def peak_memory(device: torch.device) -> dict:
