@@ -152,6 +152,8 @@ def test_distill_on_a_teacher_directory_or_a_file_out(assets, capsys):
     (["convert", "--kl-recall-frac", "-1"], "--kl-recall-frac must be in"),
     (["convert", "--init", "phase2", "--kl-recall-frac", "0.5"],
      "--kl-recall-frac is read by the inits with a KL stage (taylor) only, and this run is --init phase2"),
+    (["convert", "--init", "phase1", "--fit-matmul", "fast"],  # the fits' products: an init without fits reads none
+     "--fit-matmul is read by the inits with Phase 2 (phase2, "),
     (["convert", "--kl-recall-frac", "0.5", "--calib-budget", "reference"], "the reference budget's are 256"),
     (["convert", "--kl-recall-frac", "0.5", "--calib-window", "256", "--kl-recall-span", "256"],
      "needs --calib-window of at least 512"),

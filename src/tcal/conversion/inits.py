@@ -75,8 +75,8 @@ def parse_inits(spec: str) -> list[str]:
 # the calibration flags (tcal.taylor.budget.CalibArgs) each stage of an init reads, and how messages name the inits
 # that have the stage
 STAGE_FLAGS = {"calibrated": ("calib", "calib_budget", "calib_window", "calib_windows"),
-               "phase2": ("align_steps",),
-               "kl": ("kl_steps", "kl_recall_frac", "kl_data")}
+               "phase2": ("align_steps", "fit_matmul"),
+               "kl": ("kl_steps", "kl_recall_frac", "kl_data", "fit_matmul")}
 STAGE_NAMES = {"calibrated": "the calibrated inits", "phase2": "the inits with Phase 2",
                "kl": "the inits with a KL stage"}
 
